@@ -1,0 +1,184 @@
+//! Packet buffers: what a port hands to the loop and takes back to transmit.
+//!
+//! A buffer is one contiguous frame with headroom in front (for headers written ahead of a
+//! payload) and tailroom behind. [`crate::dpdk::Mbuf`] implements [`PacketBuf`] over an rte_mbuf;
+//! [`HeapBuf`] is the in-memory backend's.
+
+/// Checksum state a port reports for a received frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RxChecksum {
+    /// The port did not check it: software must.
+    #[default]
+    Unknown,
+    /// The port checked it and it is right.
+    Good,
+    /// The port checked it and it is wrong.
+    Bad,
+}
+
+/// What a transmitted frame asks of the port's checksum offload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxOffload {
+    /// Length of the Ethernet header including any VLAN tag.
+    pub l2_len: u16,
+    /// Length of the IP header.
+    pub l3_len: u16,
+    /// Fill in the IPv4 header checksum.
+    pub ipv4_cksum: bool,
+    /// Fill in the UDP checksum (needs the pseudo-header sum in the UDP checksum field).
+    pub udp_cksum: bool,
+    /// The frame is IPv6 (the offload must know the L3 type).
+    pub ipv6: bool,
+}
+
+/// One frame in a contiguous buffer with head- and tailroom.
+pub trait PacketBuf: Send + 'static {
+    /// The frame's bytes.
+    fn data(&self) -> &[u8];
+    /// The frame's bytes, writable.
+    fn data_mut(&mut self) -> &mut [u8];
+    /// Grows the frame by `len` bytes at the front (into headroom) and returns them.
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]>;
+    /// Drops `len` bytes from the front. False if the frame is shorter.
+    fn adj(&mut self, len: usize) -> bool;
+    /// Grows the frame by `len` bytes at the end (into tailroom) and returns them.
+    fn append(&mut self, len: usize) -> Option<&mut [u8]>;
+    /// Drops `len` bytes from the end. False if the frame is shorter.
+    fn trim(&mut self, len: usize) -> bool;
+    /// Frame length.
+    fn len(&self) -> usize {
+        self.data().len()
+    }
+    /// True for an empty frame.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Sets the frame length to `len`, growing into tailroom or trimming.
+    fn set_len(&mut self, len: usize) -> bool {
+        let cur = self.len();
+        if len >= cur {
+            self.append(len - cur).is_some()
+        } else {
+            self.trim(cur - len)
+        }
+    }
+    /// The IPv4 header checksum state reported by the port on receive.
+    fn rx_ip_checksum(&self) -> RxChecksum {
+        RxChecksum::Unknown
+    }
+    /// Asks the port to compute checksums on transmit. Only call it on ports whose
+    /// capabilities include the offload; the default ignores the request.
+    fn request_tx_offload(&mut self, _req: TxOffload) {}
+}
+
+/// The in-memory backend's buffer: a fixed-size heap allocation reused through a pool.
+#[derive(Clone)]
+pub struct HeapBuf {
+    storage: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl core::fmt::Debug for HeapBuf {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HeapBuf")
+            .field("headroom", &self.start)
+            .field("len", &(self.end - self.start))
+            .finish()
+    }
+}
+
+impl HeapBuf {
+    /// Headroom left in front of a fresh buffer, as DPDK's RTE_PKTMBUF_HEADROOM.
+    pub const HEADROOM: usize = 128;
+    /// Room for a 9000-byte jumbo frame with VLAN tag and headroom.
+    pub const CAPACITY: usize = 9216 + Self::HEADROOM;
+
+    /// An empty buffer with the standard headroom.
+    pub fn new() -> Self {
+        HeapBuf {
+            storage: vec![0u8; Self::CAPACITY].into_boxed_slice(),
+            start: Self::HEADROOM,
+            end: Self::HEADROOM,
+        }
+    }
+
+    /// A buffer holding a copy of `frame`.
+    pub fn from_slice(frame: &[u8]) -> Self {
+        let mut b = Self::new();
+        b.append(frame.len())
+            .expect("frame larger than HeapBuf::CAPACITY")
+            .copy_from_slice(frame);
+        b
+    }
+
+    /// Empties the buffer and restores the standard headroom.
+    pub fn reset(&mut self) {
+        self.start = Self::HEADROOM;
+        self.end = Self::HEADROOM;
+    }
+}
+
+impl Default for HeapBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PacketBuf for HeapBuf {
+    fn data(&self) -> &[u8] {
+        &self.storage[self.start..self.end]
+    }
+    fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.end]
+    }
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
+        if len > self.start {
+            return None;
+        }
+        self.start -= len;
+        Some(&mut self.storage[self.start..self.start + len])
+    }
+    fn adj(&mut self, len: usize) -> bool {
+        if len > self.end - self.start {
+            return false;
+        }
+        self.start += len;
+        true
+    }
+    fn append(&mut self, len: usize) -> Option<&mut [u8]> {
+        if self.end + len > self.storage.len() {
+            return None;
+        }
+        let old = self.end;
+        self.end += len;
+        Some(&mut self.storage[old..self.end])
+    }
+    fn trim(&mut self, len: usize) -> bool {
+        if len > self.end - self.start {
+            return false;
+        }
+        self.end -= len;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heapbuf_head_and_tail_room() {
+        let mut b = HeapBuf::from_slice(&[1, 2, 3]);
+        b.prepend(2).unwrap().copy_from_slice(&[9, 8]);
+        assert_eq!(b.data(), &[9, 8, 1, 2, 3]);
+        assert!(b.adj(1));
+        assert!(b.trim(1));
+        assert_eq!(b.data(), &[8, 1, 2]);
+        assert!(b.prepend(HeapBuf::HEADROOM + 10).is_none());
+        assert!(!b.trim(4));
+        assert!(b.set_len(5));
+        assert_eq!(b.len(), 5);
+        assert!(b.append(HeapBuf::CAPACITY).is_none());
+    }
+}

@@ -1,0 +1,343 @@
+//! The poll loop each worker lcore runs.
+//!
+//! A worker owns queue `i` of every port. Each iteration it receives a burst from each port and
+//! hands it to its [`Handler`], lets the handler run its timers, transmits what the handler
+//! queued, and every [`COMMAND_POLL_INTERVAL`] iterations (or whenever idle) takes commands from
+//! the control thread's channel. Nothing here allocates or blocks.
+
+use crate::counters::{DropReason, LcoreCounters};
+use crate::port::{Burst, PortInfo, PortQueue};
+use crate::{PacketBuf, time::Instant};
+use crossbeam_channel::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+/// Iterations between two looks at the command channel while busy.
+pub const COMMAND_POLL_INTERVAL: u32 = 64;
+
+/// Index of a worker lcore (0-based among the workers, not DPDK's lcore id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LcoreId(pub u16);
+
+/// A source of [`Instant`]s for the loop: the TSC on lcores, the OS clock in tests.
+pub trait Clock: Send {
+    /// Now.
+    fn now(&self) -> Instant;
+}
+
+/// The OS's monotonic clock, for backends that are not DPDK.
+#[derive(Debug, Clone, Copy)]
+pub struct StdClock(pub std::time::Instant);
+
+impl StdClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        StdClock(std::time::Instant::now())
+    }
+}
+
+impl Default for StdClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for StdClock {
+    fn now(&self) -> Instant {
+        Instant(self.0.elapsed().as_nanos() as u64)
+    }
+}
+
+/// A command from the control thread.
+#[derive(Debug)]
+pub enum Command<C> {
+    /// Leave the loop: drop everything held and return.
+    Stop,
+    /// A command for the handler.
+    Handler(C),
+}
+
+/// What the handler sees of the lcore: time, its ports' queues, its tx bursts and counters.
+#[derive(Debug)]
+pub struct Io<'a, Q: PortQueue> {
+    /// The loop's time for this iteration.
+    pub now: Instant,
+    queues: &'a mut [Q],
+    tx: &'a mut [Burst<Q::Buf>],
+    /// This lcore's counters.
+    pub counters: &'a LcoreCounters,
+}
+
+impl<'a, Q: PortQueue> Io<'a, Q> {
+    /// Number of ports.
+    pub fn ports(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// A port's description.
+    pub fn info(&self, port: usize) -> &PortInfo {
+        self.queues[port].info()
+    }
+
+    /// A fresh buffer from `port`'s pool (counted as a drop when none is free).
+    pub fn alloc(&mut self, port: usize) -> Option<Q::Buf> {
+        let b = self.queues[port].alloc();
+        if b.is_none() {
+            self.counters.count_drop(DropReason::NoBuffer, 1);
+        }
+        b
+    }
+
+    /// Queues a frame for transmission on `port`; a full burst is flushed first.
+    #[inline]
+    pub fn send(&mut self, port: usize, buf: Q::Buf) {
+        if self.tx[port].is_full() {
+            flush(&mut self.queues[port], &mut self.tx[port], self.counters);
+        }
+        self.tx[port].push(buf);
+    }
+
+    /// Drops a frame, counting why.
+    #[inline]
+    pub fn drop_frame(&self, reason: DropReason, buf: Q::Buf) {
+        self.counters.count_drop(reason, 1);
+        drop(buf);
+    }
+}
+
+/// Transmits a burst; frames the port refused are dropped and counted.
+fn flush<Q: PortQueue>(q: &mut Q, tx: &mut Burst<Q::Buf>, c: &LcoreCounters) -> usize {
+    if tx.is_empty() {
+        return 0;
+    }
+    let total: usize = tx.iter().map(|b| b.len()).sum();
+    let n = q.tx_burst(tx);
+    let left: usize = tx.iter().map(|b| b.len()).sum();
+    c.tx_packets.add(n as u64);
+    c.tx_bytes.add((total - left) as u64);
+    if !tx.is_empty() {
+        c.count_drop(DropReason::TxFull, tx.len() as u64);
+        tx.clear();
+    }
+    n
+}
+
+/// What a worker does with the frames it receives.
+pub trait Handler<Q: PortQueue>: Send {
+    /// Commands the control thread can send it.
+    type Command: Send;
+
+    /// Handles a received burst from `port`; it must take every frame out of `burst`.
+    fn on_burst(&mut self, port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>);
+
+    /// Runs timers; called every iteration, so it must return fast when nothing is due.
+    fn on_poll(&mut self, _io: &mut Io<'_, Q>) {}
+
+    /// Handles a command.
+    fn on_command(&mut self, _cmd: Self::Command, _io: &mut Io<'_, Q>) {}
+
+    /// Drops everything the handler holds; called once before the worker returns.
+    fn shutdown(&mut self) {}
+}
+
+/// One worker lcore's state.
+#[derive(Debug)]
+pub struct Worker<Q: PortQueue, H: Handler<Q>, K> {
+    /// Which worker this is.
+    pub id: LcoreId,
+    queues: Vec<Q>,
+    tx: Vec<Burst<Q::Buf>>,
+    handler: H,
+    clock: K,
+    counters: Arc<LcoreCounters>,
+    commands: Receiver<Command<H::Command>>,
+}
+
+impl<Q, H, K> Worker<Q, H, K>
+where
+    Q: PortQueue,
+    H: Handler<Q>,
+    K: Clock,
+    H::Command: core::fmt::Debug,
+{
+    /// A worker over `queues` (one per port, in port order).
+    pub fn new(
+        id: LcoreId,
+        queues: Vec<Q>,
+        handler: H,
+        clock: K,
+        counters: Arc<LcoreCounters>,
+        commands: Receiver<Command<H::Command>>,
+    ) -> Self {
+        let tx = queues.iter().map(|_| Burst::new()).collect();
+        Worker {
+            id,
+            queues,
+            tx,
+            handler,
+            clock,
+            counters,
+            commands,
+        }
+    }
+
+    /// Runs the loop until [`Command::Stop`] arrives or the command channel closes, then drops
+    /// every frame it holds and returns the queues (so the caller can stop ports after workers).
+    pub fn run(mut self) -> Vec<Q> {
+        let mut rx: Burst<Q::Buf> = Burst::new();
+        let mut since_commands = 0u32;
+        let counters = self.counters.clone();
+        loop {
+            let now = self.clock.now();
+            let mut work = 0usize;
+            for port in 0..self.queues.len() {
+                let n = self.queues[port].rx_burst(&mut rx);
+                if n == 0 {
+                    continue;
+                }
+                work += n;
+                counters.rx_packets.add(n as u64);
+                counters
+                    .rx_bytes
+                    .add(rx.iter().map(|b| b.len() as u64).sum());
+                let mut io = Io {
+                    now,
+                    queues: &mut self.queues,
+                    tx: &mut self.tx,
+                    counters: &counters,
+                };
+                self.handler.on_burst(port, &mut rx, &mut io);
+                debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
+                rx.clear();
+            }
+            {
+                let mut io = Io {
+                    now,
+                    queues: &mut self.queues,
+                    tx: &mut self.tx,
+                    counters: &counters,
+                };
+                self.handler.on_poll(&mut io);
+            }
+            for port in 0..self.queues.len() {
+                work += flush(&mut self.queues[port], &mut self.tx[port], &counters);
+            }
+            if work == 0 {
+                counters.idle_loops.inc();
+            } else {
+                counters.busy_loops.inc();
+            }
+            since_commands += 1;
+            if work == 0 || since_commands >= COMMAND_POLL_INTERVAL {
+                since_commands = 0;
+                if !self.poll_commands(&counters) {
+                    break;
+                }
+            }
+        }
+        self.handler.shutdown();
+        for tx in &mut self.tx {
+            counters.count_drop(DropReason::Shutdown, tx.len() as u64);
+            tx.clear();
+        }
+        self.queues
+    }
+
+    /// Takes pending commands; false when the loop must stop.
+    fn poll_commands(&mut self, counters: &LcoreCounters) -> bool {
+        loop {
+            match self.commands.try_recv() {
+                Ok(Command::Stop) => return false,
+                Ok(Command::Handler(c)) => {
+                    counters.commands.inc();
+                    let mut io = Io {
+                        now: self.clock.now(),
+                        queues: &mut self.queues,
+                        tx: &mut self.tx,
+                        counters,
+                    };
+                    self.handler.on_command(c, &mut io);
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+}
+
+/// The benchmark handler: swaps source and destination MAC and sends the frame back out of the
+/// port it came in on, as dpdk-testpmd's `macswap` forwarding mode does.
+#[derive(Debug, Default)]
+pub struct MacSwap;
+
+impl<Q: PortQueue> Handler<Q> for MacSwap {
+    type Command = ();
+
+    #[inline]
+    fn on_burst(&mut self, port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>) {
+        for mut b in burst.drain(..) {
+            let d = b.data_mut();
+            if d.len() >= 12 {
+                let mut tmp = [0u8; 6];
+                tmp.copy_from_slice(&d[0..6]);
+                d.copy_within(6..12, 0);
+                d[6..12].copy_from_slice(&tmp);
+                io.send(port, b);
+            } else {
+                io.drop_frame(DropReason::Malformed, b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::mem::link;
+    use crate::port::{MacAddr, PortCaps, PortId};
+    use crossbeam_channel::unbounded;
+    use std::time::Duration;
+
+    fn info(i: u16) -> PortInfo {
+        PortInfo {
+            id: PortId(i),
+            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
+            mtu: 1500,
+            caps: PortCaps::default(),
+        }
+    }
+
+    #[test]
+    fn macswap_worker_reflects_frames_and_stops_on_command() {
+        let (dut, mut host) = link(info(0), info(1), 64);
+        let (tx, rx) = unbounded();
+        let counters = Arc::new(LcoreCounters::default());
+        let w = Worker::new(
+            LcoreId(0),
+            vec![dut],
+            MacSwap,
+            StdClock::new(),
+            counters.clone(),
+            rx,
+        );
+        let t = std::thread::spawn(move || w.run());
+        let mut frame = [0u8; 60];
+        frame[0..6].copy_from_slice(&[1; 6]);
+        frame[6..12].copy_from_slice(&[2; 6]);
+        for _ in 0..10 {
+            assert!(host.send_frame(&frame));
+        }
+        for _ in 0..10 {
+            let got = host
+                .recv_frame_timeout(Duration::from_secs(5))
+                .expect("reflected frame");
+            assert_eq!(&got[0..6], &[2; 6]);
+            assert_eq!(&got[6..12], &[1; 6]);
+        }
+        tx.send(Command::Stop).unwrap();
+        let queues = t.join().unwrap();
+        assert_eq!(queues.len(), 1);
+        assert_eq!(counters.rx_packets.get(), 10);
+        assert_eq!(counters.tx_packets.get(), 10);
+        assert_eq!(counters.tx_bytes.get(), 600);
+    }
+}
