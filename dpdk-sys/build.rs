@@ -121,6 +121,21 @@ fn main() {
              (`make deps` does it)",
         );
 
+    // Where the installed PMDs live, so configuration can check a vdev's driver exists.
+    let libdir = pkg_config::get_variable("libdpdk", "libdir").unwrap_or_default();
+    let pmd_dir = std::fs::read_dir(format!("{libdir}/dpdk"))
+        .ok()
+        .and_then(|rd| {
+            rd.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("pmds-"))
+            })
+        })
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    println!("cargo:rustc-env=FERROCE_DPDK_PMD_DIR={pmd_dir}");
+    println!("cargo:rustc-env=FERROCE_DPDK_VERSION={}", dpdk.version);
+
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let wrap_src = out.join("static_fns.c");
 

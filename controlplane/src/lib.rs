@@ -1,1 +1,9 @@
+//! The ferroce control plane: roced's configuration and its run loop.
+//!
+//! roced brings up the EAL, one mempool and the configured ports, starts one worker per lcore
+//! (each owning queue `i` of every port), and runs the control loop on the main lcore: link
+//! state, neighbour events passed between lcores, diagnostics, and an orderly stop on SIGINT or
+//! SIGTERM.
 
+pub mod config;
+pub mod node;

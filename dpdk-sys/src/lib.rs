@@ -20,6 +20,12 @@
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
+/// The directory holding the DPDK poll-mode drivers this crate was built against
+/// (`librte_net_memif.so`, ...); empty if pkg-config did not say.
+pub const PMD_DIR: &str = env!("FERROCE_DPDK_PMD_DIR");
+/// The DPDK version pkg-config reported.
+pub const DPDK_VERSION: &str = env!("FERROCE_DPDK_VERSION");
+
 // Function-like macros (`RTE_BIT64(n)`) that bindgen cannot evaluate; values from rte_ethdev.h 22.11.
 /// `RTE_ETH_RX_OFFLOAD_IPV4_CKSUM`
 pub const RTE_ETH_RX_OFFLOAD_IPV4_CKSUM: u64 = 1 << 1;

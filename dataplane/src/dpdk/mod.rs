@@ -1,1 +1,86 @@
+//! The safe layer over DPDK: EAL, mempools, mbufs, ethdev ports and their queues, lcore launch.
+//!
+//! All of the project's `unsafe` DPDK calls live here and in `dpdk-sys`. The rest of the data
+//! plane sees [`Mbuf`] (a [`crate::PacketBuf`] that frees itself on drop) and [`DpdkQueue`] (a
+//! [`crate::PortQueue`]).
 
+mod eal;
+mod ethdev;
+mod mbuf;
+
+pub use eal::{Eal, EalArgs, TscSource, launch, num_cpus, wait_all};
+pub use ethdev::{DpdkPort, DpdkQueue, LinkStatus, PortSetup, PortStats};
+pub use mbuf::{Mbuf, Mempool};
+
+use std::ffi::CStr;
+
+/// A DPDK failure, with the operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// EAL initialisation failed.
+    #[error("DPDK EAL init failed: {reason} (EAL arguments: {args})")]
+    Eal {
+        /// rte_strerror of rte_errno.
+        reason: String,
+        /// The arguments passed.
+        args: String,
+    },
+    /// The EAL was already initialised in this process.
+    #[error("the DPDK EAL can be initialised only once per process")]
+    EalTwice,
+    /// No port of that name.
+    #[error(
+        "no DPDK port named {0:?} (is the vdev or PCI device right, and its driver installed?)"
+    )]
+    NoSuchPort(String),
+    /// An ethdev call failed.
+    #[error("{op} on port {port} failed: {reason}")]
+    Port {
+        /// Port name.
+        port: String,
+        /// The call.
+        op: &'static str,
+        /// rte_strerror of the return code.
+        reason: String,
+    },
+    /// A port cannot have as many queues as lcores.
+    #[error("port {port} supports {max} queues but {want} worker lcores need one each")]
+    TooFewQueues {
+        /// Port name.
+        port: String,
+        /// What the port supports.
+        max: u16,
+        /// What we need.
+        want: u16,
+    },
+    /// Mempool creation failed.
+    #[error("creating mempool {name} failed: {reason} (are hugepages reserved and mounted?)")]
+    Mempool {
+        /// Pool name.
+        name: String,
+        /// rte_strerror of rte_errno.
+        reason: String,
+    },
+    /// Launching a worker on an lcore failed.
+    #[error("launching a worker on lcore {lcore} failed: {reason}")]
+    Launch {
+        /// EAL lcore id.
+        lcore: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// DPDK's text for an error number (positive or negative).
+pub fn strerror(errnum: i32) -> String {
+    // SAFETY: rte_strerror returns a pointer to a static or thread-local NUL-terminated string.
+    unsafe { CStr::from_ptr(dpdk_sys::rte_strerror(errnum.abs())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The calling thread's rte_errno as text.
+pub fn last_error() -> String {
+    // SAFETY: reads the calling thread's rte_errno.
+    strerror(unsafe { dpdk_sys::ferroce_rte_errno() })
+}

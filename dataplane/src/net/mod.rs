@@ -3,4 +3,5 @@
 pub mod neighbor;
 pub mod stack;
 
+pub use smoltcp::wire::{IpCidr, Ipv4Cidr, Ipv6Cidr};
 pub use stack::{NetCommand, NetConfig, NetEvent, NetStack, PortNetConfig, Route};

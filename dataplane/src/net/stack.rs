@@ -272,10 +272,10 @@ impl<B: PacketBuf> NetStack<B> {
 
     /// Output port and next hop for `dst`; link-local IPv6 stays on `in_port`.
     fn route(&self, dst: IpAddr, in_port: Option<usize>) -> Option<(usize, IpAddr)> {
-        if let (IpAddr::V6(a), Some(p)) = (dst, in_port) {
-            if a.is_unicast_link_local() {
-                return Some((p, dst));
-            }
+        if let (IpAddr::V6(a), Some(p)) = (dst, in_port)
+            && a.is_unicast_link_local()
+        {
+            return Some((p, dst));
         }
         if let Some(p) = self.ports.iter().position(|p| p.on_link(dst)) {
             return Some((p, dst));

@@ -1,0 +1,633 @@
+//! roced's configuration: a TOML file (or the embedded default), overridden by flags, checked
+//! whole before anything starts. Every error names the field it is about.
+
+use cidr::{cidr_from, parse_cidr};
+use dataplane::dpdk::EalArgs;
+use dataplane::net::{NetConfig, PortNetConfig, Route};
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::path::Path;
+
+/// The embedded default: node A of the two-node memif demo (config/node-a.toml).
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/node-a.toml");
+
+/// A configuration problem, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {err}")]
+    Read {
+        /// The path.
+        path: String,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// TOML syntax or an unknown or mistyped field.
+    #[error("config {origin}: {msg}")]
+    Parse {
+        /// File name or "embedded default".
+        origin: String,
+        /// The TOML parser's message (it names the field and line).
+        msg: String,
+    },
+    /// A field whose value is wrong.
+    #[error("config field `{field}`: {msg}")]
+    Field {
+        /// The field's path, like `ports[0].addresses[1]`.
+        field: String,
+        /// What is wrong and what would be right.
+        msg: String,
+    },
+}
+
+fn field(field: impl Into<String>, msg: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        msg: msg.into(),
+    }
+}
+
+/// `[eal]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EalSection {
+    /// Use hugepages (faster); without them, `memory_mb` of ordinary memory.
+    pub hugepages: bool,
+    /// Memory without hugepages, MiB.
+    pub memory_mb: u32,
+    /// `--file-prefix`; distinct per process. Default `ferroce-<pid>`.
+    pub file_prefix: Option<String>,
+    /// `--in-memory` (not with memif ports).
+    pub in_memory: bool,
+    /// EAL log level.
+    pub log_level: String,
+}
+
+impl Default for EalSection {
+    fn default() -> Self {
+        EalSection {
+            hugepages: true,
+            memory_mb: 1024,
+            file_prefix: None,
+            in_memory: false,
+            log_level: "warning".into(),
+        }
+    }
+}
+
+/// What the worker lcores run.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The appliance: ARP, ND, ICMP, routing (and the RoCE transport as it lands).
+    #[default]
+    Stack,
+    /// Reflect every frame with MACs swapped (forwarding benchmark).
+    Macswap,
+}
+
+/// `[dataplane]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplaneSection {
+    /// CPUs of the worker lcores, one worker per entry.
+    pub lcores: Vec<usize>,
+    /// CPUs the control thread may use (default: all).
+    pub control_cpus: Vec<usize>,
+    /// Mbufs in the pool.
+    pub mbufs: u32,
+    /// Rx/tx descriptors per queue.
+    pub descriptors: u16,
+    /// What the workers run.
+    pub mode: Mode,
+    /// Neighbour cache entries per port per lcore.
+    pub neighbor_capacity: usize,
+}
+
+impl Default for DataplaneSection {
+    fn default() -> Self {
+        DataplaneSection {
+            lcores: vec![1],
+            control_cpus: vec![],
+            mbufs: 16383,
+            descriptors: 1024,
+            mode: Mode::Stack,
+            neighbor_capacity: 1024,
+        }
+    }
+}
+
+/// `[[ports]]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortSection {
+    /// A DPDK vdev string (`net_memif0,role=server,socket=...`) or a PCI address.
+    pub device: String,
+    /// IP MTU.
+    #[serde(default = "default_mtu")]
+    pub mtu: u16,
+    /// 802.1Q VLAN id.
+    #[serde(default)]
+    pub vlan: Option<u16>,
+    /// 802.1Q priority of frames sent on the VLAN.
+    #[serde(default)]
+    pub pcp: u8,
+    /// Addresses with prefix length: `10.0.0.1/24`, `fd00::1/64`.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// Neighbours to resolve at start and keep resolved.
+    #[serde(default)]
+    pub probes: Vec<String>,
+}
+
+fn default_mtu() -> u16 {
+    1500
+}
+
+/// `[[routes]]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// Destination prefix.
+    pub dest: String,
+    /// Next hop, on-link on one of the ports.
+    pub via: String,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[eal]`
+    pub eal: EalSection,
+    /// `[dataplane]`
+    pub dataplane: DataplaneSection,
+    /// `[[ports]]`
+    pub ports: Vec<PortSection>,
+    /// `[[routes]]`
+    pub routes: Vec<RouteSection>,
+}
+
+/// One port, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortPlan {
+    /// DPDK device name (vdev name or PCI address).
+    pub device_name: String,
+    /// MTU.
+    pub mtu: u16,
+}
+
+/// A configuration checked whole, ready to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// EAL arguments.
+    pub eal: EalArgs,
+    /// Ports in order.
+    pub ports: Vec<PortPlan>,
+    /// The IP stack's configuration.
+    pub net: NetConfig,
+    /// Worker mode.
+    pub mode: Mode,
+    /// Mbufs.
+    pub mbufs: u32,
+    /// Descriptors per queue.
+    pub descriptors: u16,
+}
+
+mod cidr {
+    use super::{ConfigError, field};
+    use dataplane::net::IpCidr;
+    use std::net::IpAddr;
+
+    /// Parses `addr/len`.
+    pub fn parse_cidr(name: &str, s: &str) -> Result<(IpAddr, u8), ConfigError> {
+        let (a, l) = s.split_once('/').ok_or_else(|| {
+            field(
+                name,
+                format!("{s:?} needs a prefix length, like 10.0.0.1/24 or fd00::1/64"),
+            )
+        })?;
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| field(name, format!("{a:?} is not an IPv4 or IPv6 address")))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len: u8 = l
+            .parse()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| field(name, format!("prefix length {l:?} must be 0 to {max}")))?;
+        Ok((addr, len))
+    }
+
+    pub fn cidr_from(addr: IpAddr, len: u8) -> IpCidr {
+        match addr {
+            IpAddr::V4(a) => IpCidr::Ipv4(dataplane::net::Ipv4Cidr::new(a, len)),
+            IpAddr::V6(a) => IpCidr::Ipv6(dataplane::net::Ipv6Cidr::new(a, len)),
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.into(),
+            msg: e.to_string().trim().into(),
+        })
+    }
+
+    /// Reads a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            path: path.display().to_string(),
+            err,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The embedded default.
+    pub fn embedded() -> Config {
+        Self::parse(DEFAULT_CONFIG, "embedded default").expect("the embedded default parses")
+    }
+
+    /// Checks everything that can be checked before starting, and builds the plan.
+    pub fn plan(&self) -> Result<Plan, ConfigError> {
+        let ncpu = dataplane::dpdk::num_cpus();
+        let dp = &self.dataplane;
+        if dp.lcores.is_empty() {
+            return Err(field(
+                "dataplane.lcores",
+                "at least one worker CPU is needed, like [1]",
+            ));
+        }
+        for (i, c) in dp.lcores.iter().enumerate() {
+            if *c >= ncpu {
+                return Err(field(
+                    format!("dataplane.lcores[{i}]"),
+                    format!(
+                        "CPU {c} does not exist: this machine has CPUs 0 to {}",
+                        ncpu - 1
+                    ),
+                ));
+            }
+            if let Some(j) = dp.lcores[..i].iter().position(|d| d == c) {
+                return Err(field(
+                    format!("dataplane.lcores[{i}]"),
+                    format!("CPU {c} is already worker lcore {j}: worker lcores must not overlap"),
+                ));
+            }
+        }
+        for (i, c) in dp.control_cpus.iter().enumerate() {
+            if *c >= ncpu {
+                return Err(field(
+                    format!("dataplane.control_cpus[{i}]"),
+                    format!("CPU {c} does not exist"),
+                ));
+            }
+        }
+        if dp.mbufs < 1024 {
+            return Err(field("dataplane.mbufs", "at least 1024 mbufs are needed"));
+        }
+        if !dp.descriptors.is_power_of_two() || dp.descriptors < 64 {
+            return Err(field(
+                "dataplane.descriptors",
+                "must be a power of two, at least 64",
+            ));
+        }
+        let e = &self.eal;
+        if let Some(p) = &e.file_prefix
+            && (p.is_empty() || p.contains('/'))
+        {
+            return Err(field(
+                "eal.file_prefix",
+                "must be a non-empty name without '/'",
+            ));
+        }
+        if e.hugepages {
+            check_hugepages()?;
+        } else if e.memory_mb < 256 {
+            return Err(field(
+                "eal.memory_mb",
+                "at least 256 MiB are needed without hugepages",
+            ));
+        }
+        const LEVELS: &[&str] = &[
+            "emerg", "alert", "crit", "error", "err", "warning", "notice", "info", "debug",
+        ];
+        if !LEVELS.contains(&e.log_level.as_str()) {
+            return Err(field(
+                "eal.log_level",
+                format!("{:?} is not one of {}", e.log_level, LEVELS.join(", ")),
+            ));
+        }
+
+        if self.ports.is_empty() {
+            return Err(field("ports", "at least one [[ports]] section is needed"));
+        }
+        let mut vdevs = Vec::new();
+        let mut pci = Vec::new();
+        let mut ports = Vec::new();
+        let mut net = NetConfig {
+            neighbor_capacity: dp.neighbor_capacity,
+            ..Default::default()
+        };
+        for (i, p) in self.ports.iter().enumerate() {
+            let f = |s: &str| format!("ports[{i}].{s}");
+            let device_name = check_device(&f("device"), &p.device)?;
+            if ports
+                .iter()
+                .any(|q: &PortPlan| q.device_name == device_name)
+            {
+                return Err(field(
+                    f("device"),
+                    format!("device {device_name:?} is used by an earlier port"),
+                ));
+            }
+            if device_name.starts_with("net_") {
+                vdevs.push(p.device.clone());
+                if e.in_memory && device_name.starts_with("net_memif") {
+                    return Err(field(
+                        "eal.in_memory",
+                        "memif ports need the multi-process channel: set in_memory = false",
+                    ));
+                }
+            } else {
+                pci.push(device_name.clone());
+            }
+            if !(68..=9000).contains(&p.mtu) {
+                return Err(field(f("mtu"), format!("{} is outside 68 to 9000", p.mtu)));
+            }
+            if let Some(v) = p.vlan
+                && !(1..=4094).contains(&v)
+            {
+                return Err(field(f("vlan"), format!("{v} is outside 1 to 4094")));
+            }
+            if p.pcp > 7 {
+                return Err(field(f("pcp"), format!("{} is outside 0 to 7", p.pcp)));
+            }
+            let mut pn = PortNetConfig {
+                vlan: p.vlan,
+                pcp: p.pcp,
+                ..Default::default()
+            };
+            for (j, a) in p.addresses.iter().enumerate() {
+                let name = f(&format!("addresses[{j}]"));
+                let (addr, len) = parse_cidr(&name, a)?;
+                if addr.is_unspecified() || addr.is_multicast() || addr.is_loopback() {
+                    return Err(field(
+                        name,
+                        format!("{addr} cannot be an interface address"),
+                    ));
+                }
+                match addr {
+                    IpAddr::V4(a) => pn.ipv4.push(dataplane::net::Ipv4Cidr::new(a, len)),
+                    IpAddr::V6(a) => pn.ipv6.push(dataplane::net::Ipv6Cidr::new(a, len)),
+                }
+            }
+            for (j, a) in p.probes.iter().enumerate() {
+                let name = f(&format!("probes[{j}]"));
+                let ip: IpAddr = a
+                    .parse()
+                    .map_err(|_| field(&name, format!("{a:?} is not an IP address")))?;
+                let on_link = match ip {
+                    IpAddr::V4(a) => pn.ipv4.iter().any(|c| c.contains_addr(&a)),
+                    IpAddr::V6(a) => pn.ipv6.iter().any(|c| c.contains_addr(&a)),
+                };
+                if !on_link {
+                    return Err(field(
+                        name,
+                        format!("{ip} is not in any of this port's address prefixes"),
+                    ));
+                }
+                pn.probes.push(ip);
+            }
+            net.ports.push(pn);
+            ports.push(PortPlan {
+                device_name,
+                mtu: p.mtu,
+            });
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            let (addr, len) = parse_cidr(&format!("routes[{i}].dest"), &r.dest)?;
+            let via: IpAddr = r.via.parse().map_err(|_| {
+                field(
+                    format!("routes[{i}].via"),
+                    format!("{:?} is not an IP address", r.via),
+                )
+            })?;
+            if via.is_ipv4() != addr.is_ipv4() {
+                return Err(field(
+                    format!("routes[{i}].via"),
+                    "next hop and destination must be the same IP version",
+                ));
+            }
+            let on_link = net.ports.iter().any(|p| match via {
+                IpAddr::V4(a) => p.ipv4.iter().any(|c| c.contains_addr(&a)),
+                IpAddr::V6(a) => p.ipv6.iter().any(|c| c.contains_addr(&a)),
+            });
+            if !on_link {
+                return Err(field(
+                    format!("routes[{i}].via"),
+                    format!("next hop {via} is not on-link on any port"),
+                ));
+            }
+            net.routes.push(Route {
+                dest: cidr_from(addr, len),
+                via,
+            });
+        }
+        let eal = EalArgs {
+            vdevs,
+            pci,
+            file_prefix: e.file_prefix.clone(),
+            in_memory: e.in_memory,
+            hugepages: e.hugepages,
+            memory_mb: e.memory_mb,
+            worker_cpus: dp.lcores.clone(),
+            main_cpus: dp.control_cpus.clone(),
+            log_level: e.log_level.clone(),
+        };
+        Ok(Plan {
+            eal,
+            ports,
+            net,
+            mode: dp.mode,
+            mbufs: dp.mbufs,
+            descriptors: dp.descriptors,
+        })
+    }
+}
+
+/// Checks a device string and returns its DPDK device name.
+fn check_device(name: &str, dev: &str) -> Result<String, ConfigError> {
+    let dev_name = dev.split(',').next().unwrap_or("").trim();
+    if dev_name.is_empty() {
+        return Err(field(
+            name,
+            "empty device: give a vdev like net_memif0,role=server or a PCI address",
+        ));
+    }
+    if let Some(rest) = dev_name.strip_prefix("net_") {
+        let driver = format!(
+            "net_{}",
+            rest.trim_end_matches(|c: char| c.is_ascii_digit())
+        );
+        if driver == "net_" || driver.len() == dev_name.len() {
+            return Err(field(
+                name,
+                format!(
+                    "vdev name {dev_name:?} needs an instance number after the driver, like {driver}0"
+                ),
+            ));
+        }
+        if !dpdk_sys::PMD_DIR.is_empty() {
+            let lib = Path::new(dpdk_sys::PMD_DIR).join(format!("librte_{driver}.so"));
+            if !lib.exists() {
+                return Err(field(
+                    name,
+                    format!(
+                        "unknown vdev driver {driver:?}: no {} (installed: {})",
+                        lib.display(),
+                        installed_net_drivers().join(", ")
+                    ),
+                ));
+            }
+        }
+        return Ok(dev_name.to_string());
+    }
+    let pci_ok = {
+        let parts: Vec<&str> = dev_name.split([':', '.']).collect();
+        (parts.len() == 3 || parts.len() == 4)
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit()))
+    };
+    if !pci_ok {
+        return Err(field(
+            name,
+            format!(
+                "{dev_name:?} is neither a vdev (net_<driver><n>,...) nor a PCI address (0000:03:00.0)"
+            ),
+        ));
+    }
+    Ok(dev_name.to_string())
+}
+
+fn installed_net_drivers() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dpdk_sys::PMD_DIR)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.strip_prefix("librte_net_")
+                        .and_then(|s| s.strip_suffix(".so"))
+                        .map(|s| format!("net_{s}"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Hugepages must be reserved, free and mounted.
+fn check_hugepages() -> Result<(), ConfigError> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let free = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if free == 0 {
+        return Err(field(
+            "eal.hugepages",
+            "no free hugepages (HugePages_Free is 0 in /proc/meminfo): reserve some with `make setup` \
+             (echo 1024 > /proc/sys/vm/nr_hugepages), or set hugepages = false",
+        ));
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+    {
+        return Err(field(
+            "eal.hugepages",
+            "no hugetlbfs is mounted: `make setup` mounts one on /dev/hugepages, or set hugepages = false",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> String {
+        format!(
+            "[eal]\nhugepages = false\n[dataplane]\nlcores = [0]\n[[ports]]\ndevice = \"net_null0\"\naddresses = [\"10.0.0.1/24\"]\n{extra}"
+        )
+    }
+
+    fn err(text: &str) -> String {
+        match Config::parse(text, "t").and_then(|c| c.plan()) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn embedded_default_parses() {
+        let c = Config::embedded();
+        assert_eq!(c.ports.len(), 1);
+        assert!(c.ports[0].device.starts_with("net_memif0"));
+    }
+
+    #[test]
+    fn good_config_plans() {
+        let p = Config::parse(
+            &cfg("[[routes]]\ndest = \"10.9.0.0/16\"\nvia = \"10.0.0.254\"\n"),
+            "t",
+        )
+        .unwrap()
+        .plan()
+        .unwrap();
+        assert_eq!(p.ports[0].device_name, "net_null0");
+        assert_eq!(p.eal.vdevs, vec!["net_null0".to_string()]);
+        assert_eq!(p.net.routes.len(), 1);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let e = err(&cfg("").replace("net_null0", "net_nosuchdrv0"));
+        assert!(
+            e.contains("ports[0].device") && e.contains("unknown vdev driver"),
+            "{e}"
+        );
+        let e = err(&cfg("").replace("lcores = [0]", "lcores = [0, 0]"));
+        assert!(
+            e.contains("dataplane.lcores[1]") && e.contains("overlap"),
+            "{e}"
+        );
+        let e = err(&cfg("").replace("lcores = [0]", "lcores = [999]"));
+        assert!(
+            e.contains("dataplane.lcores[0]") && e.contains("does not exist"),
+            "{e}"
+        );
+        let e = err(&cfg("").replace("10.0.0.1/24", "10.0.0.300/24"));
+        assert!(e.contains("ports[0].addresses[0]"), "{e}");
+        let e = err(&cfg("").replace("10.0.0.1/24", "10.0.0.1"));
+        assert!(e.contains("prefix length"), "{e}");
+        let e = err(&cfg("vlan = 5000\n"));
+        assert!(e.contains("ports[0].vlan"), "{e}");
+        let e = err(&cfg(
+            "[[routes]]\ndest = \"10.9.0.0/16\"\nvia = \"192.168.1.1\"\n",
+        ));
+        assert!(e.contains("routes[0].via") && e.contains("on-link"), "{e}");
+        let e = err(&cfg("colour = \"blue\"\n"));
+        assert!(e.contains("colour"), "{e}");
+        let e = err(&cfg("").replace("net_null0", "eth0"));
+        assert!(e.contains("ports[0].device"), "{e}");
+        let e = err(&cfg("").replace("net_null0", "net_null"));
+        assert!(e.contains("instance number"), "{e}");
+    }
+}

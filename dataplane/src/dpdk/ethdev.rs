@@ -1,0 +1,363 @@
+//! Ethernet ports: configuration with offload negotiation, queues, link, stats and xstats.
+
+use super::{Error, Mbuf, Mempool, strerror};
+use crate::port::{BURST_SIZE, Burst, MacAddr, PortCaps, PortId, PortInfo, PortQueue};
+use dpdk_sys as sys;
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+/// How to bring up one port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortSetup {
+    /// The device's DPDK name: the vdev's name (`net_memif0`) or the PCI address.
+    pub device: String,
+    /// The appliance's index for this port.
+    pub index: PortId,
+    /// Rx and tx queues: one per worker lcore.
+    pub queues: u16,
+    /// IP MTU.
+    pub mtu: u16,
+    /// Descriptors per rx queue.
+    pub rx_desc: u16,
+    /// Descriptors per tx queue.
+    pub tx_desc: u16,
+}
+
+/// Link state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkStatus {
+    /// Link is up.
+    pub up: bool,
+    /// Speed in Mb/s (0 if unknown).
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+/// Basic port statistics (DPDK's `rte_eth_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames received.
+    pub ipackets: u64,
+    /// Frames sent.
+    pub opackets: u64,
+    /// Bytes received.
+    pub ibytes: u64,
+    /// Bytes sent.
+    pub obytes: u64,
+    /// Frames the NIC dropped for lack of rx descriptors.
+    pub imissed: u64,
+    /// Receive errors.
+    pub ierrors: u64,
+    /// Transmit errors.
+    pub oerrors: u64,
+    /// Receive failures for lack of mbufs.
+    pub rx_nombuf: u64,
+}
+
+/// A started DPDK port. Stopped and closed on drop.
+#[derive(Debug)]
+pub struct DpdkPort {
+    id: u16,
+    name: String,
+    info: PortInfo,
+    queues: u16,
+    driver: String,
+    pool: Arc<Mempool>,
+}
+
+fn check(rc: i32, port: &str, op: &'static str) -> Result<(), Error> {
+    if rc < 0 {
+        Err(Error::Port {
+            port: port.into(),
+            op,
+            reason: strerror(rc),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+impl DpdkPort {
+    /// Configures and starts a port: queues, MTU, checksum offloads where the device has them,
+    /// RSS where it has it and more than one queue is used.
+    pub fn start(setup: &PortSetup, pool: Arc<Mempool>) -> Result<DpdkPort, Error> {
+        let name = setup.device.clone();
+        let cname = CString::new(name.as_str()).map_err(|_| Error::NoSuchPort(name.clone()))?;
+        let mut id = 0u16;
+        // SAFETY: valid C string and out pointer.
+        if unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) } != 0 {
+            return Err(Error::NoSuchPort(name));
+        }
+        let mut di = sys::rte_eth_dev_info::default();
+        // SAFETY: valid port id and out pointer.
+        let rc = unsafe { sys::rte_eth_dev_info_get(id, &mut di) };
+        check(rc, &name, "rte_eth_dev_info_get")?;
+        if di.max_rx_queues < setup.queues || di.max_tx_queues < setup.queues {
+            return Err(Error::TooFewQueues {
+                port: name,
+                max: di.max_rx_queues.min(di.max_tx_queues),
+                want: setup.queues,
+            });
+        }
+        // SAFETY: driver_name is a static C string owned by the driver.
+        let driver = unsafe { CStr::from_ptr(di.driver_name) }
+            .to_string_lossy()
+            .into_owned();
+
+        let mut conf = sys::rte_eth_conf::default();
+        let mut caps = PortCaps::default();
+        let tx_cksum = sys::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | sys::RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+        if di.tx_offload_capa & sys::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM != 0 {
+            conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM;
+            caps.tx_ipv4_cksum = true;
+        }
+        if di.tx_offload_capa & tx_cksum == tx_cksum {
+            conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+            caps.tx_udp_cksum = true;
+        }
+        if di.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_IPV4_CKSUM != 0 {
+            conf.rxmode.offloads |= sys::RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
+            caps.rx_ipv4_cksum = true;
+        }
+        let rss_hf = di.flow_type_rss_offloads
+            & (sys::RTE_ETH_RSS_IPV4
+                | sys::RTE_ETH_RSS_NONFRAG_IPV4_UDP
+                | sys::RTE_ETH_RSS_IPV6
+                | sys::RTE_ETH_RSS_NONFRAG_IPV6_UDP);
+        if setup.queues > 1 && rss_hf != 0 {
+            conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
+            conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
+            caps.rss = true;
+        }
+        // SAFETY: valid port and configuration.
+        let rc = unsafe { sys::rte_eth_dev_configure(id, setup.queues, setup.queues, &conf) };
+        check(rc, &name, "rte_eth_dev_configure")?;
+        // SAFETY: valid port; MTU change before start.
+        let rc = unsafe { sys::rte_eth_dev_set_mtu(id, setup.mtu) };
+        if rc < 0 && rc != -(libc::ENOTSUP) {
+            return Err(Error::Port {
+                port: name,
+                op: "rte_eth_dev_set_mtu",
+                reason: strerror(rc),
+            });
+        }
+        let (mut nrx, mut ntx) = (setup.rx_desc, setup.tx_desc);
+        // SAFETY: valid port and out pointers.
+        let rc = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id, &mut nrx, &mut ntx) };
+        check(rc, &name, "rte_eth_dev_adjust_nb_rx_tx_desc")?;
+        // SAFETY: valid port id.
+        let socket = unsafe { sys::rte_eth_dev_socket_id(id) };
+        let socket = if socket < 0 {
+            sys::SOCKET_ID_ANY
+        } else {
+            socket
+        } as u32;
+        for q in 0..setup.queues {
+            // SAFETY: valid port, queue index and mempool; null confs take the driver defaults.
+            let rc = unsafe {
+                sys::rte_eth_rx_queue_setup(id, q, nrx, socket, core::ptr::null(), pool.as_ptr())
+            };
+            check(rc, &name, "rte_eth_rx_queue_setup")?;
+            let mut txconf = di.default_txconf;
+            txconf.offloads = conf.txmode.offloads;
+            // SAFETY: valid port, queue index and tx configuration.
+            let rc = unsafe { sys::rte_eth_tx_queue_setup(id, q, ntx, socket, &txconf) };
+            check(rc, &name, "rte_eth_tx_queue_setup")?;
+        }
+        // SAFETY: configured port.
+        let rc = unsafe { sys::rte_eth_dev_start(id) };
+        check(rc, &name, "rte_eth_dev_start")?;
+        // Promiscuous and all-multicast so ARP and ND reach us on every device; drivers that
+        // cannot do it (or need not) refuse harmlessly.
+        // SAFETY: started port.
+        unsafe {
+            sys::rte_eth_promiscuous_enable(id);
+            sys::rte_eth_allmulticast_enable(id);
+        }
+        let mut mac = sys::rte_ether_addr::default();
+        // SAFETY: valid port and out pointer.
+        let rc = unsafe { sys::rte_eth_macaddr_get(id, &mut mac) };
+        check(rc, &name, "rte_eth_macaddr_get")?;
+        let mut mtu = setup.mtu;
+        // SAFETY: valid port and out pointer.
+        unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) };
+        let info = PortInfo {
+            id: setup.index,
+            mac: MacAddr(mac.addr_bytes),
+            mtu,
+            caps,
+        };
+        Ok(DpdkPort {
+            id,
+            name,
+            info,
+            queues: setup.queues,
+            driver,
+            pool,
+        })
+    }
+
+    /// DPDK's port id.
+    pub fn dpdk_id(&self) -> u16 {
+        self.id
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The driver's name (`net_memif`, `net_af_packet`, ...).
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    /// What the loop needs to know.
+    pub fn info(&self) -> PortInfo {
+        self.info
+    }
+
+    /// Number of rx/tx queue pairs (one per worker lcore).
+    pub fn queue_count(&self) -> u16 {
+        self.queues
+    }
+
+    /// The handle for queue `q`, for the lcore that owns it.
+    pub fn queue(&self, q: u16) -> DpdkQueue {
+        assert!(q < self.queues, "queue {q} of {}", self.queues);
+        DpdkQueue {
+            port: self.id,
+            queue: q,
+            pool: self.pool.clone(),
+            info: self.info,
+        }
+    }
+
+    /// Current link state.
+    pub fn link(&self) -> LinkStatus {
+        let mut l = sys::rte_eth_link::default();
+        // SAFETY: valid port and out pointer.
+        unsafe { sys::rte_eth_link_get_nowait(self.id, &mut l) };
+        LinkStatus {
+            up: l.link_status() != 0,
+            speed_mbps: l.link_speed,
+            full_duplex: l.link_duplex() != 0,
+        }
+    }
+
+    /// Basic statistics.
+    pub fn stats(&self) -> PortStats {
+        let mut s = sys::rte_eth_stats::default();
+        // SAFETY: valid port and out pointer.
+        unsafe { sys::rte_eth_stats_get(self.id, &mut s) };
+        PortStats {
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+        }
+    }
+
+    /// Extended statistics, by the driver's names.
+    pub fn xstats(&self) -> Vec<(String, u64)> {
+        // SAFETY: a null array asks for the count.
+        let n = unsafe { sys::rte_eth_xstats_get_names(self.id, core::ptr::null_mut(), 0) };
+        if n <= 0 {
+            return Vec::new();
+        }
+        let mut names = vec![sys::rte_eth_xstat_name::default(); n as usize];
+        let mut vals = vec![sys::rte_eth_xstat::default(); n as usize];
+        // SAFETY: arrays of the size we pass.
+        let n1 = unsafe { sys::rte_eth_xstats_get_names(self.id, names.as_mut_ptr(), n as u32) };
+        // SAFETY: as above.
+        let n2 = unsafe { sys::rte_eth_xstats_get(self.id, vals.as_mut_ptr(), n as u32) };
+        if n1 != n || n2 != n {
+            return Vec::new();
+        }
+        vals.iter()
+            .filter_map(|v| {
+                let name = names.get(v.id as usize)?;
+                // SAFETY: DPDK NUL-terminates the fixed-size name.
+                let s = unsafe { CStr::from_ptr(name.name.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned();
+                Some((s, v.value))
+            })
+            .collect()
+    }
+}
+
+impl Drop for DpdkPort {
+    fn drop(&mut self) {
+        // SAFETY: we started the port; workers using its queues have returned.
+        unsafe {
+            sys::rte_eth_dev_stop(self.id);
+            sys::rte_eth_dev_close(self.id);
+        }
+    }
+}
+
+/// One rx/tx queue pair of a DPDK port, owned by one lcore.
+#[derive(Debug)]
+pub struct DpdkQueue {
+    port: u16,
+    queue: u16,
+    pool: Arc<Mempool>,
+    info: PortInfo,
+}
+
+impl PortQueue for DpdkQueue {
+    type Buf = Mbuf;
+
+    #[inline]
+    fn rx_burst(&mut self, burst: &mut Burst<Mbuf>) -> usize {
+        let len = burst.len();
+        let free = (BURST_SIZE - len) as u16;
+        // SAFETY: Mbuf is repr(transparent) over a non-null rte_mbuf pointer, so the spare
+        // capacity of the burst is an array of `free` mbuf pointers for DPDK to fill; the ones
+        // it fills become owned Mbufs when we extend the length.
+        unsafe {
+            let p = burst.as_mut_ptr().add(len) as *mut *mut sys::rte_mbuf;
+            let n = sys::rte_eth_rx_burst(self.port, self.queue, p, free) as usize;
+            burst.set_len(len + n);
+            n
+        }
+    }
+
+    #[inline]
+    fn tx_burst(&mut self, burst: &mut Burst<Mbuf>) -> usize {
+        let len = burst.len();
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: the burst is an array of `len` owned mbuf pointers (repr(transparent)). DPDK
+        // takes ownership of the first `n`; we move the rest to the front without dropping them.
+        unsafe {
+            let p = burst.as_mut_ptr();
+            let n = sys::rte_eth_tx_burst(
+                self.port,
+                self.queue,
+                p as *mut *mut sys::rte_mbuf,
+                len as u16,
+            ) as usize;
+            burst.set_len(0);
+            core::ptr::copy(p.add(n), p, len - n);
+            burst.set_len(len - n);
+            n
+        }
+    }
+
+    #[inline]
+    fn alloc(&mut self) -> Option<Mbuf> {
+        self.pool.alloc()
+    }
+
+    fn info(&self) -> &PortInfo {
+        &self.info
+    }
+}
