@@ -230,9 +230,22 @@ mod cidr {
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            origin: origin.into(),
-            msg: e.to_string().trim().into(),
+        toml::from_str(text).map_err(|e| {
+            // One line: where, then what (toml's own rendering spans several lines).
+            let at = e
+                .span()
+                .map(|s| {
+                    let before = &text[..s.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+                    format!("line {line}, column {col}: ")
+                })
+                .unwrap_or_default();
+            let msg = e.message().trim().replace('\n', " ");
+            ConfigError::Parse {
+                origin: origin.into(),
+                msg: format!("{at}TOML error: {msg}"),
+            }
         })
     }
 

@@ -70,6 +70,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     let cfg = match &args.config {

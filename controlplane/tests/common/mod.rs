@@ -1,0 +1,207 @@
+//! Helpers for roced's integration tests: they run the real binary, as root, with real DPDK
+//! vdevs, network namespaces and veths that the tests create and remove themselves.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ROCED: &str = env!("CARGO_BIN_EXE_roced");
+
+/// Fails (never skips) when the machine cannot run the test, saying what to do.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests create namespaces and use DPDK: run them as root (make test)"
+    );
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command and returns its output whatever its status.
+pub fn sh_out(cmd: &str) -> Output {
+    Command::new("sh").arg("-c").arg(cmd).output().expect("sh")
+}
+
+/// A network namespace, deleted (with its veths) on drop.
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(name: &str) -> Netns {
+        let _ = sh_out(&format!("ip netns del {name} 2>/dev/null"));
+        sh(&format!("ip netns add {name}"));
+        sh(&format!("ip -n {name} link set lo up"));
+        Netns(name.to_string())
+    }
+    pub fn exec(&self, cmd: &str) -> String {
+        sh(&format!("ip netns exec {} {cmd}", self.0))
+    }
+    pub fn exec_out(&self, cmd: &str) -> Output {
+        sh_out(&format!("ip netns exec {} {cmd}", self.0))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh_out(&format!("ip netns del {}", self.0));
+    }
+}
+
+/// A running roced, terminated on drop if still running.
+pub struct Roced {
+    pub child: Child,
+    pub report: PathBuf,
+    pub log: PathBuf,
+    pub prefix: String,
+}
+
+pub fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferroce-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Roced {
+    /// Starts roced with `config` text (written to `dir`), optionally inside a namespace.
+    pub fn start(
+        dir: &Path,
+        name: &str,
+        config: &str,
+        netns: Option<&str>,
+        extra: &[&str],
+    ) -> Roced {
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, config).unwrap();
+        let report = dir.join(format!("{name}.json"));
+        let log = dir.join(format!("{name}.log"));
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, ROCED]);
+                c
+            }
+            None => Command::new(ROCED),
+        };
+        cmd.arg("--config")
+            .arg(&cfg)
+            .arg("--report")
+            .arg(&report)
+            .args(extra);
+        cmd.stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdin(Stdio::null());
+        cmd.env("NO_COLOR", "1");
+        let child = cmd.spawn().expect("spawn roced");
+        let prefix = config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("file_prefix = "))
+            .map(|s| s.trim_matches('"').to_string())
+            .unwrap_or_default();
+        Roced {
+            child,
+            report,
+            log,
+            prefix,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if self.log_text().contains(needle) {
+                return true;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns the exit code and the report.
+    pub fn terminate(mut self) -> (i32, serde_json::Value, String) {
+        // SAFETY: kill(2) on the PID of a child we started and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let code = wait_timeout(&mut self.child, Duration::from_secs(20));
+        let report = std::fs::read(&self.report)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (code, report, self.log_text())
+    }
+}
+
+impl Drop for Roced {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: as in terminate().
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits for a child, killing it after `timeout`; its exit code (-1 if killed or signalled).
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return st.code().unwrap_or(-1);
+        }
+        if t0.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return -1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sum of one counter over every lcore in a report.
+pub fn counter(report: &serde_json::Value, name: &str) -> u64 {
+    report["lcores"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|l| l["counters"][name].as_u64().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Asserts that a DPDK process with this file prefix left nothing behind.
+pub fn assert_no_dpdk_files(prefix: &str) {
+    assert!(!prefix.is_empty());
+    let run = Path::new("/var/run/dpdk").join(prefix);
+    assert!(!run.exists(), "{} left behind", run.display());
+    let huge: Vec<String> = std::fs::read_dir("/dev/hugepages")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !huge.iter().any(|f| f.starts_with(prefix)),
+        "hugepage files left behind: {huge:?}"
+    );
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what ferroce needs on a fresh Debian 12 and prepares the machine (root):
+# DPDK 22.11 and its headers, libclang for bindgen, iproute2/ping for the integration tests,
+# 2 MiB hugepages reserved and hugetlbfs mounted on /dev/hugepages. Idempotent.
+set -euo pipefail
+
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps)
+HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: needs root (apt-get, hugepages, mounts); run it with sudo" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+total=$(awk '/^HugePages_Total:/ {print $2}' /proc/meminfo)
+if [ "${total:-0}" -lt "$HUGEPAGES" ]; then
+  echo "$HUGEPAGES" > /proc/sys/vm/nr_hugepages
+  total=$(awk '/^HugePages_Total:/ {print $2}' /proc/meminfo)
+  echo "setup: $total hugepages of 2 MiB reserved"
+fi
+mkdir -p /dev/hugepages
+if ! awk '$2 == "/dev/hugepages" && $3 == "hugetlbfs" {found=1} END {exit !found}' /proc/mounts; then
+  mount -t hugetlbfs nodev /dev/hugepages
+  echo "setup: hugetlbfs mounted on /dev/hugepages"
+fi
+mkdir -p /run/ferroce
