@@ -47,6 +47,28 @@ impl Clock for StdClock {
     }
 }
 
+/// A clock that moves only when told: for tests and the simulator.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<core::sync::atomic::AtomicU64>);
+
+impl ManualClock {
+    /// Sets the time.
+    pub fn set(&self, t: Instant) {
+        self.0.store(t.0, core::sync::atomic::Ordering::Relaxed);
+    }
+    /// Moves time forward.
+    pub fn advance(&self, d: core::time::Duration) {
+        self.0
+            .fetch_add(d.as_nanos() as u64, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        Instant(self.0.load(core::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// A command from the control thread.
 #[derive(Debug)]
 pub enum Command<C> {
@@ -150,6 +172,7 @@ pub struct Worker<Q: PortQueue, H: Handler<Q>, K> {
     clock: K,
     counters: Arc<LcoreCounters>,
     commands: Receiver<Command<H::Command>>,
+    since_commands: u32,
 }
 
 impl<Q, H, K> Worker<Q, H, K>
@@ -177,6 +200,7 @@ where
             clock,
             counters,
             commands,
+            since_commands: 0,
         }
     }
 
@@ -184,66 +208,81 @@ where
     /// every frame it holds and returns the queues (so the caller can stop ports after workers).
     pub fn run(mut self) -> Vec<Q> {
         let mut rx: Burst<Q::Buf> = Burst::new();
-        let mut since_commands = 0u32;
-        let counters = self.counters.clone();
-        loop {
-            let now = self.clock.now();
-            let mut work = 0usize;
-            for port in 0..self.queues.len() {
-                let n = self.queues[port].rx_burst(&mut rx);
-                if n == 0 {
-                    continue;
-                }
-                work += n;
-                counters.rx_packets.add(n as u64);
-                counters
-                    .rx_bytes
-                    .add(rx.iter().map(|b| b.len() as u64).sum());
-                let mut io = Io {
-                    now,
-                    queues: &mut self.queues,
-                    tx: &mut self.tx,
-                    counters: &counters,
-                };
-                self.handler.on_burst(port, &mut rx, &mut io);
-                debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
-                rx.clear();
+        while self.poll_once(&mut rx) {}
+        self.finish()
+    }
+
+    /// One iteration of the loop: receive and dispatch a burst from each port, run timers,
+    /// transmit, and (every [`COMMAND_POLL_INTERVAL`] iterations or when idle) take commands.
+    /// Returns false once the worker must stop. `rx` is scratch space, empty between calls.
+    #[inline]
+    pub fn poll_once(&mut self, rx: &mut Burst<Q::Buf>) -> bool {
+        let now = self.clock.now();
+        let mut work = 0usize;
+        for port in 0..self.queues.len() {
+            let n = self.queues[port].rx_burst(rx);
+            if n == 0 {
+                continue;
             }
-            {
-                let mut io = Io {
-                    now,
-                    queues: &mut self.queues,
-                    tx: &mut self.tx,
-                    counters: &counters,
-                };
-                self.handler.on_poll(&mut io);
-            }
-            for port in 0..self.queues.len() {
-                work += flush(&mut self.queues[port], &mut self.tx[port], &counters);
-            }
-            if work == 0 {
-                counters.idle_loops.inc();
-            } else {
-                counters.busy_loops.inc();
-            }
-            since_commands += 1;
-            if work == 0 || since_commands >= COMMAND_POLL_INTERVAL {
-                since_commands = 0;
-                if !self.poll_commands(&counters) {
-                    break;
-                }
-            }
+            work += n;
+            self.counters.rx_packets.add(n as u64);
+            self.counters
+                .rx_bytes
+                .add(rx.iter().map(|b| b.len() as u64).sum());
+            let mut io = Io {
+                now,
+                queues: &mut self.queues,
+                tx: &mut self.tx,
+                counters: &self.counters,
+            };
+            self.handler.on_burst(port, rx, &mut io);
+            debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
+            rx.clear();
         }
+        let mut io = Io {
+            now,
+            queues: &mut self.queues,
+            tx: &mut self.tx,
+            counters: &self.counters,
+        };
+        self.handler.on_poll(&mut io);
+        // Commands are taken before transmitting, so what they send leaves in this iteration.
+        self.since_commands += 1;
+        let mut keep_going = true;
+        if work == 0 || self.since_commands >= COMMAND_POLL_INTERVAL {
+            self.since_commands = 0;
+            keep_going = self.poll_commands();
+        }
+        for port in 0..self.queues.len() {
+            work += flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
+        }
+        if work == 0 {
+            self.counters.idle_loops.inc();
+        } else {
+            self.counters.busy_loops.inc();
+        }
+        keep_going
+    }
+
+    /// Drops everything the handler and the tx bursts hold, and returns the queues.
+    pub fn finish(mut self) -> Vec<Q> {
         self.handler.shutdown();
         for tx in &mut self.tx {
-            counters.count_drop(DropReason::Shutdown, tx.len() as u64);
+            self.counters
+                .count_drop(DropReason::Shutdown, tx.len() as u64);
             tx.clear();
         }
         self.queues
     }
 
+    /// The handler (for tests and inspection between iterations).
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
     /// Takes pending commands; false when the loop must stop.
-    fn poll_commands(&mut self, counters: &LcoreCounters) -> bool {
+    fn poll_commands(&mut self) -> bool {
+        let counters = &*self.counters;
         loop {
             match self.commands.try_recv() {
                 Ok(Command::Stop) => return false,

@@ -5,3 +5,6 @@ pub mod stack;
 
 pub use smoltcp::wire::{IpCidr, Ipv4Cidr, Ipv6Cidr};
 pub use stack::{NetCommand, NetConfig, NetEvent, NetStack, PortNetConfig, Route};
+
+#[cfg(test)]
+mod tests;
