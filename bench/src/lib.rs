@@ -1,1 +1,134 @@
+//! Helpers shared by ferroce's benchmarks: running dpdk-testpmd and roced as child processes,
+//! reading their figures, and summarising repeated measurements.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A dpdk-testpmd in interactive mode whose prompt we type into.
+#[derive(Debug)]
+pub struct Testpmd {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    prefix: String,
+}
+
+impl Testpmd {
+    /// Starts `dpdk-testpmd` with EAL arguments `eal` and testpmd arguments `app` (`-i` is added).
+    pub fn start(
+        prefix: &str,
+        eal: &[String],
+        app: &[String],
+        log: &Path,
+    ) -> std::io::Result<Testpmd> {
+        let out = std::fs::File::create(log)?;
+        let mut child = Command::new("dpdk-testpmd")
+            .args(eal)
+            .arg(format!("--file-prefix={prefix}"))
+            .arg("--")
+            .arg("-i")
+            .args(app)
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()?;
+        let stdin = child.stdin.take();
+        Ok(Testpmd {
+            child,
+            stdin,
+            log: log.to_path_buf(),
+            prefix: prefix.into(),
+        })
+    }
+
+    /// Types a command at the prompt.
+    pub fn cmd(&mut self, line: &str) {
+        if let Some(s) = &mut self.stdin {
+            let _ = writeln!(s, "{line}");
+            let _ = s.flush();
+        }
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Quits and waits (killing it after `timeout`).
+    pub fn quit(mut self, timeout: Duration) -> String {
+        self.cmd("quit");
+        self.stdin = None;
+        wait_or_kill(&mut self.child, timeout);
+        remove_runtime_dir(&self.prefix);
+        self.output()
+    }
+}
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits for a child, killing it after `timeout`; true if it exited by itself.
+pub fn wait_or_kill(child: &mut Child, timeout: Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        if t0.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// dpdk-testpmd leaves /var/run/dpdk/<prefix> behind even after a clean exit.
+pub fn remove_runtime_dir(prefix: &str) {
+    let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(prefix));
+}
+
+/// The last `Rx-pps:` figure of testpmd's `show port stats` (the rate since the previous show).
+pub fn last_rx_pps(testpmd_output: &str) -> Option<f64> {
+    testpmd_output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Rx-pps:"))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .next_back()
+}
+
+/// The median of a sample (the mean of the middle two for an even count).
+pub fn median(xs: &[f64]) -> f64 {
+    assert!(!xs.is_empty(), "median of nothing");
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_rx_pps_parse() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let out = "  Rx-pps:            0          Rx-bps:            0\n  Rx-pps:     15433102          Rx-bps:   7901748528\n";
+        assert_eq!(last_rx_pps(out), Some(15433102.0));
+        assert_eq!(last_rx_pps("nothing"), None);
+    }
+}

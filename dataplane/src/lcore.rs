@@ -11,7 +11,8 @@ use crate::{PacketBuf, time::Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use std::sync::Arc;
 
-/// Iterations between two looks at the command channel while busy.
+/// Iterations between two looks at the command channel. Looking costs about as much as an
+/// empty rx poll, so doing it every iteration would slow the reaction to the next burst.
 pub const COMMAND_POLL_INTERVAL: u32 = 64;
 
 /// Index of a worker lcore (0-based among the workers, not DPDK's lcore id).
@@ -118,6 +119,19 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
         self.tx[port].push(buf);
     }
 
+    /// Queues a whole burst for transmission on `port`, leaving `burst` empty. When nothing is
+    /// queued yet on that port the arrays are swapped instead of moving frames one by one.
+    #[inline]
+    pub fn send_burst(&mut self, port: usize, burst: &mut Burst<Q::Buf>) {
+        if self.tx[port].is_empty() {
+            core::mem::swap(&mut self.tx[port], burst);
+        } else {
+            for b in burst.drain(..) {
+                self.send(port, b);
+            }
+        }
+    }
+
     /// Drops a frame, counting why.
     #[inline]
     pub fn drop_frame(&self, reason: DropReason, buf: Q::Buf) {
@@ -133,13 +147,14 @@ fn flush<Q: PortQueue>(q: &mut Q, tx: &mut Burst<Q::Buf>, c: &LcoreCounters) -> 
     }
     let total: usize = tx.iter().map(|b| b.len()).sum();
     let n = q.tx_burst(tx);
-    let left: usize = tx.iter().map(|b| b.len()).sum();
-    c.tx_packets.add(n as u64);
-    c.tx_bytes.add((total - left) as u64);
+    let mut sent_bytes = total;
     if !tx.is_empty() {
+        sent_bytes -= tx.iter().map(|b| b.len()).sum::<usize>();
         c.count_drop(DropReason::TxFull, tx.len() as u64);
         tx.clear();
     }
+    c.tx_packets.add(n as u64);
+    c.tx_bytes.add(sent_bytes as u64);
     n
 }
 
@@ -147,6 +162,10 @@ fn flush<Q: PortQueue>(q: &mut Q, tx: &mut Burst<Q::Buf>, c: &LcoreCounters) -> 
 pub trait Handler<Q: PortQueue>: Send {
     /// Commands the control thread can send it.
     type Command: Send;
+
+    /// Whether the handler has timers: if not, the loop neither reads the clock nor calls
+    /// [`Handler::on_poll`].
+    const HAS_TIMERS: bool = true;
 
     /// Handles a received burst from `port`; it must take every frame out of `burst`.
     fn on_burst(&mut self, port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>);
@@ -217,7 +236,11 @@ where
     /// Returns false once the worker must stop. `rx` is scratch space, empty between calls.
     #[inline]
     pub fn poll_once(&mut self, rx: &mut Burst<Q::Buf>) -> bool {
-        let now = self.clock.now();
+        let now = if H::HAS_TIMERS {
+            self.clock.now()
+        } else {
+            Instant::ZERO
+        };
         let mut work = 0usize;
         for port in 0..self.queues.len() {
             let n = self.queues[port].rx_burst(rx);
@@ -238,18 +261,22 @@ where
             self.handler.on_burst(port, rx, &mut io);
             debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
             rx.clear();
+            // Most frames leave by the port they came in on: send them now, as testpmd does.
+            flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
         }
-        let mut io = Io {
-            now,
-            queues: &mut self.queues,
-            tx: &mut self.tx,
-            counters: &self.counters,
-        };
-        self.handler.on_poll(&mut io);
+        if H::HAS_TIMERS {
+            let mut io = Io {
+                now,
+                queues: &mut self.queues,
+                tx: &mut self.tx,
+                counters: &self.counters,
+            };
+            self.handler.on_poll(&mut io);
+        }
         // Commands are taken before transmitting, so what they send leaves in this iteration.
         self.since_commands += 1;
         let mut keep_going = true;
-        if work == 0 || self.since_commands >= COMMAND_POLL_INTERVAL {
+        if self.since_commands >= COMMAND_POLL_INTERVAL {
             self.since_commands = 0;
             keep_going = self.poll_commands();
         }
@@ -310,22 +337,32 @@ pub struct MacSwap;
 
 impl<Q: PortQueue> Handler<Q> for MacSwap {
     type Command = ();
+    const HAS_TIMERS: bool = false;
 
     #[inline]
     fn on_burst(&mut self, port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>) {
+        if burst.iter().all(|b| b.len() >= 12) {
+            for b in burst.iter_mut() {
+                swap_macs(b.data_mut());
+            }
+            io.send_burst(port, burst);
+            return;
+        }
         for mut b in burst.drain(..) {
-            let d = b.data_mut();
-            if d.len() >= 12 {
-                let mut tmp = [0u8; 6];
-                tmp.copy_from_slice(&d[0..6]);
-                d.copy_within(6..12, 0);
-                d[6..12].copy_from_slice(&tmp);
+            if b.len() >= 12 {
+                swap_macs(b.data_mut());
                 io.send(port, b);
             } else {
                 io.drop_frame(DropReason::Malformed, b);
             }
         }
     }
+}
+
+#[inline(always)]
+fn swap_macs(d: &mut [u8]) {
+    let (dst, rest) = d.split_at_mut(6);
+    dst.swap_with_slice(&mut rest[..6]);
 }
 
 #[cfg(test)]

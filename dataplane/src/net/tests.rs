@@ -109,8 +109,10 @@ impl Harness {
 
     fn command(&mut self, c: NetCommand) {
         self.cmd.send(Command::Handler(c)).unwrap();
-        // An idle iteration takes commands.
-        self.step();
+        // The loop looks at its commands every COMMAND_POLL_INTERVAL iterations.
+        for _ in 0..crate::lcore::COMMAND_POLL_INTERVAL {
+            self.step();
+        }
     }
 }
 
