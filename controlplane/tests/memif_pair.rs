@@ -7,6 +7,21 @@ use common::*;
 use std::time::Duration;
 
 fn node(prefix: &str, role: &str, sock: &str, cpu: usize, me: u8, peer: u8) -> String {
+    node_vlan(prefix, role, sock, cpu, me, peer, None)
+}
+
+fn node_vlan(
+    prefix: &str,
+    role: &str,
+    sock: &str,
+    cpu: usize,
+    me: u8,
+    peer: u8,
+    vlan: Option<u16>,
+) -> String {
+    let vlan = vlan
+        .map(|v| format!("vlan = {v}\npcp = 3\n"))
+        .unwrap_or_default();
     format!(
         r#"[eal]
 file_prefix = "{prefix}"
@@ -15,7 +30,7 @@ lcores = [{cpu}]
 mbufs = 4095
 [[ports]]
 device = "net_memif0,role={role},socket={sock}"
-addresses = ["10.88.0.{me}/24", "fd88::{me}/64"]
+{vlan}addresses = ["10.88.0.{me}/24", "fd88::{me}/64"]
 probes = ["10.88.0.{peer}", "fd88::{peer}"]
 "#
     )
@@ -106,4 +121,64 @@ fn two_nodes_over_memif_exchange_frames_and_stop_cleanly() {
     assert_no_dpdk_files(&pa);
     assert_no_dpdk_files(&pb);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_nodes_talk_on_their_vlan_and_not_across_vlans() {
+    require_root();
+    for (vlan_b, works) in [(100, true), (200, false)] {
+        let dir = tmpdir(&format!("memif-vlan{vlan_b}"));
+        let sock = dir.join("memif.sock");
+        let sock = sock.to_str().unwrap();
+        let pa = format!("ferroce-t-va-{}", std::process::id());
+        let pb = format!("ferroce-t-vb-{}", std::process::id());
+        let mut a = Roced::start(
+            &dir,
+            "a",
+            &node_vlan(&pa, "server", sock, 1, 1, 2, Some(100)),
+            None,
+            &[
+                "--ping",
+                "10.88.0.2",
+                "--ping-count",
+                "3",
+                "--ping-interval-ms",
+                "100",
+            ],
+        );
+        assert!(
+            a.wait_log("lcores running", Duration::from_secs(20)),
+            "{}",
+            a.log_text()
+        );
+        let mut b = Roced::start(
+            &dir,
+            "b",
+            &node_vlan(&pb, "client", sock, 0, 2, 1, Some(vlan_b)),
+            None,
+            &[],
+        );
+        assert!(
+            b.wait_log("lcores running", Duration::from_secs(20)),
+            "{}",
+            b.log_text()
+        );
+        let replied = a.wait_log(
+            "echo reply from=10.88.0.2 seq=2",
+            Duration::from_secs(if works { 20 } else { 4 }),
+        );
+        let (_, rb, _) = b.terminate();
+        let (code, ra, log) = a.terminate();
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(replied, works, "VLAN {vlan_b}: {log}");
+        if works {
+            assert_eq!(ra["pings"][0]["received"], 3, "{ra}");
+        } else {
+            assert_eq!(ra["pings"][0]["received"], 0, "{ra}");
+            assert!(counter(&rb, "vlan_mismatch") >= 1, "{rb}");
+        }
+        assert_no_dpdk_files(&pa);
+        assert_no_dpdk_files(&pb);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
