@@ -8,7 +8,7 @@ use dataplane::dpdk::{self, DpdkPort, DpdkQueue, Eal, Mempool, PortSetup, TscSou
 use dataplane::lcore::{Command, Handler, LcoreId, MacSwap, Worker};
 use dataplane::net::neighbor::State;
 use dataplane::net::{NetCommand, NetEvent, NetStack};
-use dataplane::port::PortId;
+use dataplane::port::{PortId, QueueId};
 use serde_json::json;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -133,7 +133,10 @@ pub fn run(
         .iter()
         .map(|p| {
             let s = p.stats();
-            json!({"device": p.name(), "driver": p.driver(), "mac": p.info().mac.to_string(),
+            // The driver's extended statistics, the non-zero ones.
+            let xstats: serde_json::Map<String, serde_json::Value> =
+                p.xstats().into_iter().filter(|(_, v)| *v != 0).map(|(k, v)| (k, json!(v))).collect();
+            json!({"xstats": xstats, "device": p.name(), "driver": p.driver(), "mac": p.info().mac.to_string(),
                    "ipackets": s.ipackets, "opackets": s.opackets, "ibytes": s.ibytes, "obytes": s.obytes,
                    "imissed": s.imissed, "ierrors": s.ierrors, "oerrors": s.oerrors, "rx_nombuf": s.rx_nombuf})
         })
@@ -175,7 +178,7 @@ where
     for i in 0..lcores {
         let (tx, rx) = unbounded();
         let c = Arc::new(LcoreCounters::default());
-        let queues: Vec<DpdkQueue> = ports.iter().map(|p| p.queue(i)).collect();
+        let queues: Vec<DpdkQueue> = ports.iter().map(|p| p.queue(QueueId(i))).collect();
         let w = Worker::new(LcoreId(i), queues, make(i as usize), clock, c.clone(), rx);
         if let Err(e) = dpdk::launch(i as u32 + 1, move || drop(w.run())) {
             launch_err = Some(e);
@@ -207,6 +210,13 @@ where
                     "link {}",
                     if up { "up" } else { "down" }
                 );
+                if up {
+                    for c in &cmds {
+                        if let Some(cmd) = H::net_command(NetCommand::LinkUp { port: i }) {
+                            let _ = c.send(Command::Handler(cmd));
+                        }
+                    }
+                }
             }
         }
         // Ping once every link is up (a memif side that sends before its peer connects sends

@@ -1,7 +1,7 @@
 //! Ethernet ports: configuration with offload negotiation, queues, link, stats and xstats.
 
 use super::{Error, Mbuf, Mempool, strerror};
-use crate::port::{BURST_SIZE, Burst, MacAddr, PortCaps, PortId, PortInfo, PortQueue};
+use crate::port::{BURST_SIZE, Burst, MacAddr, PortCaps, PortId, PortInfo, PortQueue, QueueId};
 use dpdk_sys as sys;
 use std::ffi::{CStr, CString};
 use std::sync::Arc;
@@ -168,11 +168,11 @@ impl DpdkPort {
         // SAFETY: configured port.
         let rc = unsafe { sys::rte_eth_dev_start(id) };
         check(rc, &name, "rte_eth_dev_start")?;
-        // Promiscuous and all-multicast so ARP and ND reach us on every device; drivers that
-        // cannot do it (or need not) refuse harmlessly.
+        // All-multicast so IPv6 neighbour discovery (solicited-node groups) reaches us. No
+        // promiscuous mode: the appliance only wants frames for its own MAC, broadcast and
+        // multicast. Drivers that cannot filter (memif, af_packet on veth) refuse harmlessly.
         // SAFETY: started port.
         unsafe {
-            sys::rte_eth_promiscuous_enable(id);
             sys::rte_eth_allmulticast_enable(id);
         }
         let mut mac = sys::rte_ether_addr::default();
@@ -224,7 +224,8 @@ impl DpdkPort {
     }
 
     /// The handle for queue `q`, for the lcore that owns it.
-    pub fn queue(&self, q: u16) -> DpdkQueue {
+    pub fn queue(&self, q: QueueId) -> DpdkQueue {
+        let q = q.0;
         assert!(q < self.queues, "queue {q} of {}", self.queues);
         DpdkQueue {
             port: self.id,

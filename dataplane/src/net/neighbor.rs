@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// Frames held per unresolved neighbour.
-pub const HOLD_PER_NEIGHBOR: usize = 4;
+pub const HOLD_PER_NEIGHBOR: usize = 16;
 /// Solicitations sent before giving up.
 pub const MAX_SOLICITS: u8 = 3;
 /// Time between solicitations.
@@ -326,6 +326,18 @@ impl<B> NeighborCache<B> {
         }
     }
 
+    /// The link came up: solicitations sent while it was down went nowhere, so unresolved
+    /// entries start over and solicit at the next poll.
+    pub fn link_up(&mut self, now: Instant) {
+        for e in self.map.values_mut() {
+            if let State::Incomplete { tries, next } = &mut e.state {
+                *tries = 0;
+                *next = now;
+            }
+        }
+        self.wake_at(now);
+    }
+
     /// Drops every held frame and entry (at shutdown).
     pub fn clear(&mut self) {
         self.map.clear();
@@ -347,28 +359,21 @@ mod tests {
     #[test]
     fn holds_until_learned_then_releases_in_order() {
         let mut c: NeighborCache<u32> = NeighborCache::new(4);
-        assert!(matches!(
-            c.lookup_or_hold(IP, 1, s(0)),
-            Resolve::Held { solicit: true }
-        ));
-        assert!(matches!(
-            c.lookup_or_hold(IP, 2, s(0)),
-            Resolve::Held { solicit: false }
-        ));
-        for i in 3..=4 {
-            assert!(matches!(
-                c.lookup_or_hold(IP, i, s(0)),
-                Resolve::Held { .. }
-            ));
+        let n = HOLD_PER_NEIGHBOR as u32;
+        let first = c.lookup_or_hold(IP, 1, s(0));
+        assert!(matches!(first, Resolve::Held { solicit: true }));
+        for i in 2..=n {
+            let r = c.lookup_or_hold(IP, i, s(0));
+            assert!(matches!(r, Resolve::Held { solicit: false }));
         }
-        assert!(matches!(c.lookup_or_hold(IP, 5, s(0)), Resolve::Full(5)));
+        let over = c.lookup_or_hold(IP, n + 1, s(0));
+        assert!(matches!(over, Resolve::Full(x) if x == n + 1));
         let l = c.learn(IP, MAC, s(0), false);
         assert!(l.changed);
-        assert_eq!(l.held.as_slice(), &[1, 2, 3, 4]);
-        assert!(matches!(
-            c.lookup_or_hold(IP, 6, s(1)),
-            Resolve::Send(6, MAC)
-        ));
+        let want: Vec<u32> = (1..=n).collect();
+        assert_eq!(l.held.as_slice(), want.as_slice());
+        let after = c.lookup_or_hold(IP, 99, s(1));
+        assert!(matches!(after, Resolve::Send(99, MAC)));
     }
 
     #[test]
@@ -423,6 +428,32 @@ mod tests {
             c.poll(t + RETRANS * i, &mut sol);
         }
         assert!(c.state(IP).is_none(), "unanswered probes delete the entry");
+    }
+
+    #[test]
+    fn link_up_restarts_resolution_at_once() {
+        let mut c: NeighborCache<u32> = NeighborCache::new(4);
+        let _ = c.lookup_or_hold(IP, 1, s(0));
+        let mut sol = ArrayVec::new();
+        c.poll(s(0), &mut sol);
+        assert!(sol.is_empty());
+        c.link_up(s(0));
+        c.poll(s(0), &mut sol);
+        assert_eq!(
+            sol.as_slice(),
+            &[Solicit {
+                ip: IP,
+                unicast: None
+            }]
+        );
+        // And it gets its full count of tries again.
+        for t in 1..MAX_SOLICITS as u64 {
+            sol.clear();
+            assert_eq!(c.poll(s(t), &mut sol), 0);
+            assert_eq!(sol.len(), 1);
+        }
+        sol.clear();
+        assert_eq!(c.poll(s(MAX_SOLICITS as u64), &mut sol), 1);
     }
 
     #[test]

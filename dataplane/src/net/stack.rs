@@ -100,6 +100,11 @@ pub enum NetCommand {
     },
     /// Report the neighbour caches.
     Neighbors(Sender<Vec<(usize, IpAddr, State)>>),
+    /// A port's link came up: solicit again for what is unresolved.
+    LinkUp {
+        /// Port index.
+        port: usize,
+    },
 }
 
 /// Events for the control thread.
@@ -909,6 +914,12 @@ impl<Q: PortQueue> Handler<Q> for NetStack<Q::Buf> {
                 seq,
                 size,
             } => self.ping(dst, ident, seq, size, io),
+            NetCommand::LinkUp { port } => {
+                if let Some(p) = self.ports.get_mut(port) {
+                    p.neigh.link_up(io.now);
+                }
+            }
+
             NetCommand::Neighbors(reply) => {
                 let v = self
                     .ports
