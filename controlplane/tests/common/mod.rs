@@ -151,11 +151,17 @@ impl Roced {
 }
 
 impl Drop for Roced {
+    /// A test that failed midway still stops its roced gently, so it cleans up after itself;
+    /// only one that hangs is killed (and its runtime directory removed for it).
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             // SAFETY: as in terminate().
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-            let _ = self.child.wait();
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            if wait_timeout(&mut self.child, Duration::from_secs(10)) == -1
+                && !self.prefix.is_empty()
+            {
+                let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&self.prefix));
+            }
         }
     }
 }
