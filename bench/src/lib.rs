@@ -92,9 +92,17 @@ pub fn wait_or_kill(child: &mut Child, timeout: Duration) -> bool {
     }
 }
 
-/// dpdk-testpmd leaves /var/run/dpdk/<prefix> behind even after a clean exit.
+/// dpdk-testpmd leaves /var/run/dpdk/<prefix> behind even after a clean exit, and its hugepage
+/// files too when it ran without --huge-unlink.
 pub fn remove_runtime_dir(prefix: &str) {
     let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(prefix));
+    if let Ok(rd) = std::fs::read_dir("/dev/hugepages") {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 /// The last `Rx-pps:` figure of testpmd's `show port stats` (the rate since the previous show).
