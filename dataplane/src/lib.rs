@@ -20,6 +20,7 @@ pub mod lcore;
 pub mod net;
 pub mod port;
 pub mod time;
+pub mod wire;
 
 pub use buf::PacketBuf;
 pub use port::{BURST_SIZE, Burst, PortQueue};

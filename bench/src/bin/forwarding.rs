@@ -26,8 +26,9 @@ struct Args {
     /// The roced binary.
     #[arg(long, default_value = "target/release/roced")]
     roced: PathBuf,
-    /// Rounds (each measures testpmd, then roced).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds per topology (each measures testpmd, then roced). The machine is noisy: single
+    /// rounds vary by 10-20%, so the report gives medians.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Bursts of 32 frames the generator puts in flight.
     #[arg(long, default_value_t = 16)]

@@ -1,0 +1,609 @@
+//! Whole RoCEv2 packets: the one-pass receive parse and the in-place transmit build.
+//!
+//! [`parse`] goes from frame bytes (802.1Q-tagged or not) to a [`PacketInfo`], like rxe's
+//! `rxe_pkt_info`: the opcode and its table entry, the BTH fields the transport needs, the
+//! addresses, ECN, and the offsets of every header and of the payload, or the reason the packet
+//! is rejected. It allocates nothing and reads each byte at most once (twice with the ICRC).
+//!
+//! [`RoceRepr`] is the owned form of every header of a packet. [`RoceRepr::emit`] writes them
+//! all in place in front of a payload that is already in the buffer, then the pad and the ICRC;
+//! [`build`] does the same on a [`PacketBuf`] by growing it into its headroom and tailroom.
+
+use super::ipv4::Ecn;
+use super::opcode::{OpInfo, lookup, mask};
+use super::{
+    Error, Psn, Result, aeth, atomic_ack_eth, atomic_eth, bth, deth, eth, icrc, ieth, immdt, ipv4,
+    ipv6, reth, udp,
+};
+use crate::buf::{PacketBuf, TxOffload};
+use core::net::IpAddr;
+
+/// What the receive path needs to know of a packet, found in one pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// The opcode's table entry.
+    pub op: &'static OpInfo,
+    /// Opcode.
+    pub opcode: u8,
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// 802.1Q tag.
+    pub vlan: Option<eth::VlanTag>,
+    /// Source IP (the sender's GID).
+    pub src_ip: IpAddr,
+    /// Destination IP.
+    pub dst_ip: IpAddr,
+    /// DSCP.
+    pub dscp: u8,
+    /// ECN codepoint.
+    pub ecn: Ecn,
+    /// UDP source port.
+    pub udp_src: u16,
+    /// Destination QP.
+    pub dest_qp: u32,
+    /// PSN.
+    pub psn: Psn,
+    /// AckReq.
+    pub ack_req: bool,
+    /// Solicited event.
+    pub se: bool,
+    /// BECN (set in CNPs).
+    pub becn: bool,
+    /// Partition key.
+    pub pkey: u16,
+    /// Pad count.
+    pub pad: u8,
+    /// Offset of the IP header in the frame.
+    pub l3_off: u16,
+    /// Offset of the BTH in the frame.
+    pub bth_off: u16,
+    /// Offset of the payload in the frame.
+    pub payload_off: u16,
+    /// Payload length, without pad.
+    pub payload_len: u16,
+    /// The ICRC as carried.
+    pub icrc: u32,
+}
+
+/// What [`parse`] checks besides the structure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checks {
+    /// Verify the ICRC.
+    pub icrc: bool,
+    /// Verify the IPv4 header checksum (off when the port already did).
+    pub ipv4_checksum: bool,
+}
+
+impl Checks {
+    /// Everything.
+    pub const ALL: Checks = Checks {
+        icrc: true,
+        ipv4_checksum: true,
+    };
+    /// Structure only (for tools that report bad ICRCs rather than drop them).
+    pub const NONE: Checks = Checks {
+        icrc: false,
+        ipv4_checksum: false,
+    };
+}
+
+impl PacketInfo {
+    fn ext<'a>(&self, frame: &'a [u8], off: u8) -> Option<&'a [u8]> {
+        (off != 0).then(|| &frame[self.bth_off as usize + off as usize..])
+    }
+    /// The RETH, if the opcode has one.
+    pub fn reth(&self, frame: &[u8]) -> Option<reth::Repr> {
+        let b = self.ext(frame, self.op.offset.reth)?;
+        reth::Repr::parse(&reth::Header::new_checked(b).ok()?).ok()
+    }
+    /// The AETH, if the opcode has one.
+    pub fn aeth(&self, frame: &[u8]) -> Option<aeth::Repr> {
+        let b = self.ext(frame, self.op.offset.aeth)?;
+        aeth::Repr::parse(&aeth::Header::new_checked(b).ok()?).ok()
+    }
+    /// The AtomicETH, if the opcode has one.
+    pub fn atomic_eth(&self, frame: &[u8]) -> Option<atomic_eth::Repr> {
+        let b = self.ext(frame, self.op.offset.atmeth)?;
+        atomic_eth::Repr::parse(&atomic_eth::Header::new_checked(b).ok()?).ok()
+    }
+    /// The AtomicAckETH, if the opcode has one.
+    pub fn atomic_ack(&self, frame: &[u8]) -> Option<atomic_ack_eth::Repr> {
+        let b = self.ext(frame, self.op.offset.atmack)?;
+        atomic_ack_eth::Repr::parse(&atomic_ack_eth::Header::new_checked(b).ok()?).ok()
+    }
+    /// The immediate data, if the opcode has it.
+    pub fn immdt(&self, frame: &[u8]) -> Option<u32> {
+        let b = self.ext(frame, self.op.offset.immdt)?;
+        Some(immdt::Header::new_checked(b).ok()?.imm())
+    }
+    /// The IETH's R_Key, if the opcode has one.
+    pub fn ieth(&self, frame: &[u8]) -> Option<u32> {
+        let b = self.ext(frame, self.op.offset.ieth)?;
+        Some(ieth::Header::new_checked(b).ok()?.rkey())
+    }
+    /// The DETH, if the opcode has one.
+    pub fn deth(&self, frame: &[u8]) -> Option<deth::Repr> {
+        let b = self.ext(frame, self.op.offset.deth)?;
+        deth::Repr::parse(&deth::Header::new_checked(b).ok()?).ok()
+    }
+    /// The payload.
+    pub fn payload<'a>(&self, frame: &'a [u8]) -> &'a [u8] {
+        &frame[self.payload_off as usize..self.payload_off as usize + self.payload_len as usize]
+    }
+}
+
+/// Parses a frame as a RoCEv2 packet.
+pub fn parse(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
+    let f = eth::Frame::new_checked(frame)?;
+    let l3_off = f.header_len();
+    let l3 = &frame[l3_off..];
+    let (src_ip, dst_ip, dscp, ecn, l4_off, l4_len, ipv6) = match f.ethertype() {
+        eth::ETHERTYPE_IPV4 => {
+            let h = ipv4::Header::new_checked(l3)?;
+            let total = h.total_len() as usize;
+            let hl = h.header_len();
+            if total < hl + udp::HEADER_LEN {
+                return Err(Error::BadLength);
+            }
+            if total > l3.len() {
+                return Err(Error::Truncated);
+            }
+            if h.protocol() != ipv4::PROTO_UDP {
+                return Err(Error::NotRoce);
+            }
+            if h.is_fragment() {
+                return Err(Error::Fragment);
+            }
+            if checks.ipv4_checksum && !h.verify_checksum() {
+                return Err(Error::BadChecksum);
+            }
+            (
+                IpAddr::V4(h.src()),
+                IpAddr::V4(h.dst()),
+                h.dscp(),
+                h.ecn(),
+                hl,
+                total - hl,
+                false,
+            )
+        }
+        eth::ETHERTYPE_IPV6 => {
+            let h = ipv6::Header::new_checked(l3)?;
+            if h.version() != 6 {
+                return Err(Error::BadVersion);
+            }
+            if h.next_header() != ipv4::PROTO_UDP {
+                return Err(Error::NotRoce);
+            }
+            let plen = h.payload_len() as usize;
+            if ipv6::HEADER_LEN + plen > l3.len() {
+                return Err(Error::Truncated);
+            }
+            let tc = h.traffic_class();
+            (
+                IpAddr::V6(h.src()),
+                IpAddr::V6(h.dst()),
+                tc >> 2,
+                h.ecn(),
+                ipv6::HEADER_LEN,
+                plen,
+                true,
+            )
+        }
+        _ => return Err(Error::NotRoce),
+    };
+    let u = udp::Header::new_checked(&l3[l4_off..])?;
+    if u.dst_port() != udp::ROCEV2_PORT {
+        return Err(Error::NotRoce);
+    }
+    if u.length() as usize != l4_len {
+        return Err(Error::BadLength);
+    }
+    let bth_rel = l4_off + udp::HEADER_LEN;
+    let b = bth::Header::new_checked(&l3[bth_rel..l4_off + l4_len])?;
+    if b.tver() != 0 {
+        return Err(Error::BadVersion);
+    }
+    let op = lookup(b.opcode());
+    if !op.is_valid() {
+        return Err(Error::UnknownOpcode);
+    }
+    let transport_len = l4_len - udp::HEADER_LEN;
+    let hdrs = op.length as usize;
+    if transport_len < hdrs + icrc::LEN {
+        return Err(Error::Truncated);
+    }
+    let with_pad = transport_len - hdrs - icrc::LEN;
+    let pad = b.pad_count();
+    if op.has(mask::PAYLOAD) {
+        if !with_pad.is_multiple_of(4) || (pad as usize) > with_pad {
+            return Err(Error::PadMismatch);
+        }
+    } else if with_pad != 0 || pad != 0 {
+        return Err(if with_pad != 0 {
+            Error::BadLength
+        } else {
+            Error::PadMismatch
+        });
+    }
+    let end = l4_off + l4_len;
+    if checks.icrc {
+        icrc::verify(&l3[..end], ipv6)?;
+    }
+    let icrc_val = icrc::carried(&l3[..end]).ok_or(Error::Truncated)?;
+    let bth_off = l3_off + bth_rel;
+    Ok(PacketInfo {
+        op,
+        opcode: b.opcode(),
+        dst_mac: f.dst(),
+        src_mac: f.src(),
+        vlan: f.vlan(),
+        src_ip,
+        dst_ip,
+        dscp,
+        ecn,
+        udp_src: u.src_port(),
+        dest_qp: b.dest_qp(),
+        psn: b.psn(),
+        ack_req: b.ack_req(),
+        se: b.se(),
+        becn: b.becn(),
+        pkey: b.pkey(),
+        pad,
+        l3_off: l3_off as u16,
+        bth_off: bth_off as u16,
+        payload_off: (bth_off + hdrs) as u16,
+        payload_len: (with_pad - pad as usize) as u16,
+        icrc: icrc_val,
+    })
+}
+
+/// The IP header of a RoCE packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpRepr {
+    /// IPv4.
+    V4(ipv4::Repr),
+    /// IPv6.
+    V6(ipv6::Repr),
+}
+
+impl IpRepr {
+    fn len(&self) -> usize {
+        match self {
+            IpRepr::V4(_) => ipv4::HEADER_LEN,
+            IpRepr::V6(_) => ipv6::HEADER_LEN,
+        }
+    }
+}
+
+/// The extension headers after the BTH; which are present follows from the opcode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtRepr {
+    /// DETH.
+    pub deth: Option<deth::Repr>,
+    /// RETH.
+    pub reth: Option<reth::Repr>,
+    /// AtomicETH.
+    pub atomic_eth: Option<atomic_eth::Repr>,
+    /// AETH.
+    pub aeth: Option<aeth::Repr>,
+    /// AtomicAckETH.
+    pub atomic_ack: Option<atomic_ack_eth::Repr>,
+    /// Immediate data.
+    pub immdt: Option<u32>,
+    /// R_Key to invalidate.
+    pub ieth: Option<u32>,
+}
+
+/// Every header of a RoCEv2 packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoceRepr {
+    /// Ethernet (and 802.1Q).
+    pub eth: eth::Repr,
+    /// IPv4 or IPv6.
+    pub ip: IpRepr,
+    /// UDP.
+    pub udp: udp::Repr,
+    /// BTH (its pad count is recomputed from the payload length on emit).
+    pub bth: bth::Repr,
+    /// Extension headers.
+    pub ext: ExtRepr,
+}
+
+impl RoceRepr {
+    /// Parses every header of a packet already checked by [`parse`].
+    pub fn parse(frame: &[u8], info: &PacketInfo) -> Result<RoceRepr> {
+        let f = eth::Frame::new_checked(frame)?;
+        let l3 = &frame[info.l3_off as usize..];
+        let ip = match info.src_ip {
+            IpAddr::V4(_) => IpRepr::V4(ipv4::Repr::parse(&ipv4::Header::new_checked(l3)?)?),
+            IpAddr::V6(_) => IpRepr::V6(ipv6::Repr::parse(&ipv6::Header::new_checked(l3)?)?),
+        };
+        let udp_at = info.bth_off as usize - udp::HEADER_LEN;
+        let udp = udp::Repr::parse(&udp::Header::new_checked(&frame[udp_at..])?)?;
+        let bth = bth::Repr::parse(&bth::Header::new_checked(&frame[info.bth_off as usize..])?)?;
+        let ext = ExtRepr {
+            deth: info.deth(frame),
+            reth: info.reth(frame),
+            atomic_eth: info.atomic_eth(frame),
+            aeth: info.aeth(frame),
+            atomic_ack: info.atomic_ack(frame),
+            immdt: info.immdt(frame),
+            ieth: info.ieth(frame),
+        };
+        Ok(RoceRepr {
+            eth: eth::Repr::parse(&f)?,
+            ip,
+            udp,
+            bth,
+            ext,
+        })
+    }
+
+    /// The opcode's table entry.
+    pub fn op(&self) -> &'static OpInfo {
+        lookup(self.bth.opcode)
+    }
+
+    /// Bytes of headers in front of the payload.
+    pub fn header_len(&self) -> usize {
+        self.eth.buffer_len() + self.ip.len() + udp::HEADER_LEN + self.op().length as usize
+    }
+
+    /// Bytes after the payload: pad and ICRC.
+    pub fn trailer_len(payload_len: usize) -> usize {
+        (4 - payload_len % 4) % 4 + icrc::LEN
+    }
+
+    /// The whole frame's length for `payload_len` bytes of payload.
+    pub fn frame_len(&self, payload_len: usize) -> usize {
+        self.header_len() + payload_len + Self::trailer_len(payload_len)
+    }
+
+    /// Writes the headers, pad and ICRC around a payload already at
+    /// `frame[header_len()..header_len() + payload_len]`; `frame` must be exactly
+    /// [`frame_len`](Self::frame_len) long. With `ipv4_cksum_offload` the IPv4 checksum is
+    /// left 0 for the port to fill (the ICRC does not cover it).
+    pub fn emit(
+        &self,
+        frame: &mut [u8],
+        payload_len: usize,
+        ipv4_cksum_offload: bool,
+    ) -> Result<()> {
+        let op = self.op();
+        if !op.is_valid() {
+            return Err(Error::UnknownOpcode);
+        }
+        if frame.len() != self.frame_len(payload_len) {
+            return Err(Error::BadLength);
+        }
+        let pad = (4 - payload_len % 4) % 4;
+        let mut eth = self.eth;
+        eth.ethertype = match self.ip {
+            IpRepr::V4(_) => eth::ETHERTYPE_IPV4,
+            IpRepr::V6(_) => eth::ETHERTYPE_IPV6,
+        };
+        eth.emit(frame);
+        let l3_off = eth.buffer_len();
+        let l4_len = udp::HEADER_LEN + op.length as usize + payload_len + pad + icrc::LEN;
+        let l4_off = l3_off + self.ip.len();
+        match &self.ip {
+            IpRepr::V4(r) => r.emit(&mut frame[l3_off..], l4_len, ipv4_cksum_offload),
+            IpRepr::V6(r) => r.emit(&mut frame[l3_off..], l4_len),
+        }
+        self.udp.emit(&mut frame[l4_off..], l4_len as u16);
+        let bth_off = l4_off + udp::HEADER_LEN;
+        let mut b = self.bth;
+        b.pad_count = pad as u8;
+        b.emit(&mut bth::Header::new_unchecked(
+            &mut frame[bth_off..bth_off + bth::HEADER_LEN],
+        ));
+        let o = op.offset;
+        let at = |off: u8| bth_off + off as usize;
+        if let (true, Some(r)) = (op.has(mask::DETH), self.ext.deth) {
+            r.emit(&mut deth::Header::new_unchecked(&mut frame[at(o.deth)..]));
+        }
+        if let (true, Some(r)) = (op.has(mask::RETH), self.ext.reth) {
+            r.emit(&mut reth::Header::new_unchecked(&mut frame[at(o.reth)..]));
+        }
+        if let (true, Some(r)) = (op.has(mask::ATMETH), self.ext.atomic_eth) {
+            r.emit(&mut atomic_eth::Header::new_unchecked(
+                &mut frame[at(o.atmeth)..],
+            ));
+        }
+        if let (true, Some(r)) = (op.has(mask::AETH), self.ext.aeth) {
+            r.emit(&mut aeth::Header::new_unchecked(&mut frame[at(o.aeth)..]));
+        }
+        if let (true, Some(r)) = (op.has(mask::ATMACK), self.ext.atomic_ack) {
+            r.emit(&mut atomic_ack_eth::Header::new_unchecked(
+                &mut frame[at(o.atmack)..],
+            ));
+        }
+        if let (true, Some(v)) = (op.has(mask::IMMDT), self.ext.immdt) {
+            immdt::Repr { imm: v }
+                .emit(&mut immdt::Header::new_unchecked(&mut frame[at(o.immdt)..]));
+        }
+        if let (true, Some(v)) = (op.has(mask::IETH), self.ext.ieth) {
+            ieth::Repr { rkey: v }.emit(&mut ieth::Header::new_unchecked(&mut frame[at(o.ieth)..]));
+        }
+        if op.has(mask::CNP) {
+            frame[bth_off + bth::HEADER_LEN..bth_off + op.length as usize].fill(0);
+        }
+        let payload_end = bth_off + op.length as usize + payload_len;
+        frame[payload_end..payload_end + pad].fill(0);
+        let icrc_at = payload_end + pad;
+        let c = icrc::compute(&frame[l3_off..icrc_at], matches!(self.ip, IpRepr::V6(_)))?;
+        frame[icrc_at..icrc_at + icrc::LEN].copy_from_slice(&c.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// Builds a packet around the payload a buffer holds: grows it into its headroom for the
+/// headers and its tailroom for the pad and ICRC, writes them all, and asks the port for the
+/// IPv4 checksum when `offload` (the port has the capability).
+pub fn build<B: PacketBuf>(buf: &mut B, repr: &RoceRepr, offload: bool) -> Result<()> {
+    let payload_len = buf.len();
+    let head = repr.header_len();
+    let tail = RoceRepr::trailer_len(payload_len);
+    if buf.prepend(head).is_none() {
+        return Err(Error::Truncated);
+    }
+    if buf.append(tail).is_none() {
+        buf.adj(head);
+        return Err(Error::Truncated);
+    }
+    let v4 = matches!(repr.ip, IpRepr::V4(_));
+    repr.emit(buf.data_mut(), payload_len, offload && v4)?;
+    if offload && v4 {
+        buf.request_tx_offload(TxOffload {
+            l2_len: repr.eth.buffer_len() as u16,
+            l3_len: ipv4::HEADER_LEN as u16,
+            ipv4_cksum: true,
+            ..Default::default()
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::HeapBuf;
+    use crate::wire::opcode::op;
+    use core::net::Ipv4Addr;
+
+    fn repr(opcode: u8) -> RoceRepr {
+        RoceRepr {
+            eth: eth::Repr {
+                dst: [2, 0, 0, 0, 0, 2],
+                src: [2, 0, 0, 0, 0, 1],
+                vlan: None,
+                ethertype: 0,
+            },
+            ip: IpRepr::V4(ipv4::Repr {
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                ident: 7,
+                flags_frag: 0x4000,
+                ttl: 64,
+                protocol: ipv4::PROTO_UDP,
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+            }),
+            udp: udp::Repr {
+                src_port: 0xc123,
+                dst_port: udp::ROCEV2_PORT,
+                checksum: 0,
+            },
+            bth: bth::Repr {
+                opcode,
+                pkey: 0xffff,
+                dest_qp: 0x11,
+                ack_req: true,
+                psn: Psn::new(5),
+                ..Default::default()
+            },
+            ext: ExtRepr {
+                reth: Some(reth::Repr {
+                    va: 0x1000,
+                    rkey: 0x42,
+                    dma_len: 7,
+                }),
+                immdt: Some(0xabcd),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn build_then_parse_gives_back_every_field() {
+        let r = repr(op::RC_WRITE_ONLY_IMM);
+        let mut b = HeapBuf::from_slice(b"seven!!");
+        build(&mut b, &r, false).unwrap();
+        assert_eq!(b.len(), r.frame_len(7));
+        let info = parse(b.data(), Checks::ALL).unwrap();
+        assert_eq!(
+            (info.opcode, info.dest_qp, info.psn, info.pad),
+            (op::RC_WRITE_ONLY_IMM, 0x11, Psn::new(5), 1)
+        );
+        assert_eq!(info.payload(b.data()), b"seven!!");
+        assert_eq!(info.reth(b.data()).unwrap().rkey, 0x42);
+        assert_eq!(info.immdt(b.data()), Some(0xabcd));
+        assert_eq!(info.ecn, Ecn::Ect0);
+        let back = RoceRepr::parse(b.data(), &info).unwrap();
+        let mut want = r;
+        want.eth.ethertype = eth::ETHERTYPE_IPV4;
+        want.bth.pad_count = 1;
+        want.ext = ExtRepr {
+            reth: r.ext.reth,
+            immdt: r.ext.immdt,
+            ..Default::default()
+        };
+        assert_eq!(back, want);
+    }
+
+    #[test]
+    fn rejects_say_why() {
+        let r = repr(op::RC_SEND_ONLY);
+        let mut b = HeapBuf::from_slice(&[1, 2, 3, 4]);
+        build(&mut b, &r, false).unwrap();
+        let good = b.data().to_vec();
+        assert!(parse(&good, Checks::ALL).is_ok());
+        let mut x = good.clone();
+        let n = x.len();
+        x[n - 1] ^= 1;
+        assert_eq!(parse(&x, Checks::ALL), Err(Error::BadIcrc));
+        assert!(parse(&x, Checks::NONE).is_ok());
+        let mut x = good.clone();
+        x[14 + 28] = 0x15; // an opcode nobody defined
+        assert_eq!(parse(&x, Checks::NONE), Err(Error::UnknownOpcode));
+        let mut x = good.clone();
+        x[14 + 28 + 1] |= 0x01; // TVer 1
+        assert_eq!(parse(&x, Checks::NONE), Err(Error::BadVersion));
+        // A pad count on an opcode without payload.
+        let mut ack = repr(op::RC_ACK);
+        ack.ext.aeth = Some(aeth::Repr {
+            syndrome: aeth::Syndrome::Ack { credits: 31 },
+            msn: 1,
+        });
+        let mut a = HeapBuf::new();
+        build(&mut a, &ack, false).unwrap();
+        assert!(parse(a.data(), Checks::ALL).is_ok());
+        let mut x = a.data().to_vec();
+        x[14 + 28 + 1] |= 0x10;
+        assert_eq!(parse(&x, Checks::NONE), Err(Error::PadMismatch));
+        assert_eq!(
+            parse(&good[..good.len() - 3], Checks::NONE),
+            Err(Error::Truncated)
+        );
+        let mut x = good.clone();
+        x[14 + 22] = 0x13; // UDP port 5047
+        assert_eq!(parse(&x, Checks::NONE), Err(Error::NotRoce));
+        let mut x = good.clone();
+        x[14 + 10] ^= 0xff;
+        assert_eq!(parse(&x, Checks::ALL), Err(Error::BadChecksum));
+        for cut in 0..good.len() {
+            let _ = parse(&good[..cut], Checks::ALL);
+        }
+    }
+
+    #[test]
+    fn offloaded_checksum_is_left_zero_and_icrc_still_verifies() {
+        let r = repr(op::RC_SEND_ONLY);
+        let mut b = HeapBuf::from_slice(&[9; 8]);
+        build(&mut b, &r, true).unwrap();
+        assert_eq!(&b.data()[24..26], &[0, 0]);
+        assert!(
+            parse(
+                b.data(),
+                Checks {
+                    icrc: true,
+                    ipv4_checksum: false
+                }
+            )
+            .is_ok()
+        );
+    }
+}
