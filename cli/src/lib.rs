@@ -1,1 +1,2 @@
-
+//! rocectl's commands as a library, so they can be tested without a process.
+pub mod decode;

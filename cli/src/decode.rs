@@ -1,0 +1,425 @@
+//! `rocectl decode`: one line per RoCEv2 packet of a pcap or pcapng file, as tshark shows the
+//! protocol, with the ICRC checked, and a summary.
+
+use dataplane::wire::aeth::{NakCode, Syndrome};
+use dataplane::wire::packet::{Checks, PacketInfo, parse};
+use dataplane::wire::{Error as WireError, icrc, ipv4::Ecn};
+use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::{Block, PcapNgReader};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+/// What can go wrong reading a capture.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The file could not be opened or read.
+    #[error("{path}: {err}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// Not a pcap or pcapng file, or a damaged one.
+    #[error("{path}: not a readable pcap or pcapng file: {msg}")]
+    Format {
+        /// The file.
+        path: String,
+        /// The reader's message.
+        msg: String,
+    },
+}
+
+/// Totals over a capture.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Frames in the file.
+    pub frames: u64,
+    /// RoCEv2 packets.
+    pub roce: u64,
+    /// Of those, with a bad ICRC.
+    pub bad_icrc: u64,
+    /// UDP-4791 frames that failed to parse, by reason.
+    pub malformed: BTreeMap<&'static str, u64>,
+    /// Frames that are not RoCEv2 (ARP, TCP, ...).
+    pub other: u64,
+    /// Frames of a link type other than Ethernet (skipped).
+    pub not_ethernet: u64,
+    /// RoCEv2 packets by opcode name.
+    pub by_opcode: BTreeMap<&'static str, u64>,
+    /// CE-marked RoCEv2 packets.
+    pub ce_marked: u64,
+}
+
+fn reason(e: WireError) -> &'static str {
+    match e {
+        WireError::Truncated => "truncated",
+        WireError::BadVersion => "bad version",
+        WireError::BadLength => "bad length",
+        WireError::NotRoce => "not RoCEv2",
+        WireError::BadChecksum => "bad IPv4 checksum",
+        WireError::Fragment => "IP fragment",
+        WireError::UnknownOpcode => "unknown opcode",
+        WireError::PadMismatch => "pad mismatch",
+        WireError::BadIcrc => "bad ICRC",
+    }
+}
+
+fn syndrome_text(s: Syndrome) -> String {
+    match s {
+        Syndrome::Ack { credits } => format!("ACK credits={credits}"),
+        Syndrome::RnrNak { timer } => format!(
+            "RNR NAK timer={timer} ({:.2} ms)",
+            dataplane::wire::aeth::rnr_duration(timer).as_secs_f64() * 1e3
+        ),
+        Syndrome::Nak(c) => format!(
+            "NAK {}",
+            match c {
+                NakCode::PsnSequenceError => "PSN sequence error".to_string(),
+                NakCode::InvalidRequest => "invalid request".to_string(),
+                NakCode::RemoteAccessError => "remote access error".to_string(),
+                NakCode::RemoteOperationalError => "remote operational error".to_string(),
+                NakCode::InvalidRdRequest => "invalid RD request".to_string(),
+                NakCode::Reserved(x) => format!("reserved code {x}"),
+            }
+        ),
+        Syndrome::Reserved(b) => format!("reserved syndrome {b:#04x}"),
+    }
+}
+
+fn ecn_text(e: Ecn) -> &'static str {
+    match e {
+        Ecn::NotEct => "Not-ECT",
+        Ecn::Ect0 => "ECT(0)",
+        Ecn::Ect1 => "ECT(1)",
+        Ecn::Ce => "CE",
+    }
+}
+
+/// One packet as a line of text.
+fn text_line(no: u64, t: Duration, frame: &[u8], p: &PacketInfo, icrc_ok: bool) -> String {
+    let mut s = format!(
+        "{no:>6} {:>12.6} {} -> {} sport {} {} QP={:#08x} PSN={} AckReq={}",
+        t.as_secs_f64(),
+        p.src_ip,
+        p.dst_ip,
+        p.udp_src,
+        p.op.name,
+        p.dest_qp,
+        p.psn,
+        p.ack_req as u8
+    );
+    if p.se {
+        s.push_str(" SE=1");
+    }
+    if p.becn {
+        s.push_str(" BECN=1");
+    }
+    if let Some(v) = p.vlan {
+        let _ = write!(s, " VLAN={} PCP={}", v.vid, v.pcp);
+    }
+    if let Some(d) = p.deth(frame) {
+        let _ = write!(s, " DETH qkey={:#010x} srcQP={:#08x}", d.qkey, d.src_qp);
+    }
+    if let Some(r) = p.reth(frame) {
+        let _ = write!(
+            s,
+            " RETH va={:#x} rkey={:#x} len={}",
+            r.va, r.rkey, r.dma_len
+        );
+    }
+    if let Some(a) = p.atomic_eth(frame) {
+        let _ = write!(
+            s,
+            " AtomicETH va={:#x} rkey={:#x} swap_add={:#x} compare={:#x}",
+            a.va, a.rkey, a.swap_add, a.compare
+        );
+    }
+    if let Some(a) = p.aeth(frame) {
+        let _ = write!(s, " AETH {} MSN={}", syndrome_text(a.syndrome), a.msn);
+    }
+    if let Some(a) = p.atomic_ack(frame) {
+        let _ = write!(s, " AtomicAckETH orig={:#x}", a.orig);
+    }
+    if let Some(i) = p.immdt(frame) {
+        let _ = write!(s, " ImmDt={i:#010x}");
+    }
+    if let Some(r) = p.ieth(frame) {
+        let _ = write!(s, " IETH rkey={r:#x}");
+    }
+    if p.op.has(dataplane::wire::opcode::mask::PAYLOAD) {
+        let _ = write!(s, " payload={}", p.payload_len);
+    }
+    let _ = write!(
+        s,
+        " ECN={} ICRC={}",
+        ecn_text(p.ecn),
+        if icrc_ok { "good" } else { "BAD" }
+    );
+    s
+}
+
+fn json_line(
+    no: u64,
+    t: Duration,
+    frame: &[u8],
+    p: &PacketInfo,
+    icrc_ok: bool,
+) -> serde_json::Value {
+    let mut v = json!({
+        "frame": no, "time": t.as_secs_f64(), "src": p.src_ip.to_string(), "dst": p.dst_ip.to_string(),
+        "udp_sport": p.udp_src, "opcode": p.opcode, "opcode_name": p.op.name, "dest_qp": p.dest_qp,
+        "psn": p.psn.value(), "ack_req": p.ack_req, "se": p.se, "becn": p.becn, "pkey": p.pkey,
+        "pad": p.pad, "payload_len": p.payload_len, "ecn": ecn_text(p.ecn), "dscp": p.dscp,
+        "icrc": format!("{:#010x}", p.icrc), "icrc_ok": icrc_ok,
+    });
+    if let Some(t) = p.vlan {
+        v["vlan"] = json!({"vid": t.vid, "pcp": t.pcp});
+    }
+    if let Some(r) = p.reth(frame) {
+        v["reth"] = json!({"va": r.va, "rkey": r.rkey, "dma_len": r.dma_len});
+    }
+    if let Some(a) = p.aeth(frame) {
+        v["aeth"] = json!({"syndrome": a.syndrome.to_byte(), "text": syndrome_text(a.syndrome), "msn": a.msn});
+    }
+    if let Some(a) = p.atomic_eth(frame) {
+        v["atomic_eth"] =
+            json!({"va": a.va, "rkey": a.rkey, "swap_add": a.swap_add, "compare": a.compare});
+    }
+    if let Some(a) = p.atomic_ack(frame) {
+        v["atomic_ack"] = json!({"orig": a.orig});
+    }
+    if let Some(d) = p.deth(frame) {
+        v["deth"] = json!({"qkey": d.qkey, "src_qp": d.src_qp});
+    }
+    if let Some(i) = p.immdt(frame) {
+        v["immdt"] = json!(i);
+    }
+    if let Some(r) = p.ieth(frame) {
+        v["ieth"] = json!(r);
+    }
+    v
+}
+
+/// A packet from either file format: timestamp, link type (1 = Ethernet), bytes.
+type Visit<'a> = dyn FnMut(Duration, u32, &[u8]) + 'a;
+
+fn read_packets(
+    path: &Path,
+    mut visit: impl FnMut(Duration, u32, &[u8]),
+) -> Result<(), DecodeError> {
+    let p = path.display().to_string();
+    let mut file = std::fs::File::open(path).map_err(|err| DecodeError::Io {
+        path: p.clone(),
+        err,
+    })?;
+    let mut magic = [0u8; 4];
+    file.read_exact(&mut magic).map_err(|err| DecodeError::Io {
+        path: p.clone(),
+        err,
+    })?;
+    let file = std::fs::File::open(path).map_err(|err| DecodeError::Io {
+        path: p.clone(),
+        err,
+    })?;
+    let fmt = |e: pcap_file::PcapError| DecodeError::Format {
+        path: p.clone(),
+        msg: e.to_string(),
+    };
+    let visit: &mut Visit<'_> = &mut visit;
+    if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
+        let mut r = PcapNgReader::new(file).map_err(fmt)?;
+        let mut linktypes: Vec<u32> = Vec::new();
+        while let Some(b) = r.next_block() {
+            match b.map_err(fmt)? {
+                Block::InterfaceDescription(i) => linktypes.push(u32::from(i.linktype)),
+                Block::EnhancedPacket(e) => {
+                    let lt = linktypes.get(e.interface_id as usize).copied().unwrap_or(1);
+                    visit(e.timestamp, lt, &e.data);
+                }
+                Block::SimplePacket(s) => visit(
+                    Duration::ZERO,
+                    linktypes.first().copied().unwrap_or(1),
+                    &s.data,
+                ),
+                _ => {}
+            }
+        }
+    } else {
+        let mut r = PcapReader::new(file).map_err(fmt)?;
+        let lt = u32::from(r.header().datalink);
+        while let Some(pkt) = r.next_packet() {
+            let pkt = pkt.map_err(fmt)?;
+            visit(pkt.timestamp, lt, &pkt.data);
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a capture, writing lines to `out`; returns the summary.
+pub fn decode(path: &Path, json_out: bool, out: &mut dyn Write) -> Result<Summary, DecodeError> {
+    let mut sum = Summary::default();
+    let mut t0: Option<Duration> = None;
+    let mut werr: Option<std::io::Error> = None;
+    read_packets(path, |ts, linktype, frame| {
+        sum.frames += 1;
+        if linktype != 1 {
+            sum.not_ethernet += 1;
+            return;
+        }
+        let t = ts.saturating_sub(*t0.get_or_insert(ts));
+        let info = match parse(frame, Checks::NONE) {
+            Ok(i) => i,
+            Err(WireError::NotRoce) => {
+                sum.other += 1;
+                return;
+            }
+            Err(e) => {
+                *sum.malformed.entry(reason(e)).or_default() += 1;
+                let line = if json_out {
+                    json!({"frame": sum.frames, "time": t.as_secs_f64(), "malformed": reason(e)})
+                        .to_string()
+                } else {
+                    format!(
+                        "{:>6} {:>12.6} malformed RoCEv2 packet: {}",
+                        sum.frames,
+                        t.as_secs_f64(),
+                        reason(e)
+                    )
+                };
+                if let Err(e) = writeln!(out, "{line}") {
+                    werr.get_or_insert(e);
+                }
+                return;
+            }
+        };
+        let l3 = &frame[info.l3_off as usize
+            ..info.payload_off as usize
+                + info.payload_len as usize
+                + info.pad as usize
+                + icrc::LEN];
+        let icrc_ok = icrc::verify(l3, info.src_ip.is_ipv6()).is_ok();
+        sum.roce += 1;
+        if !icrc_ok {
+            sum.bad_icrc += 1;
+        }
+        if info.ecn == Ecn::Ce {
+            sum.ce_marked += 1;
+        }
+        *sum.by_opcode.entry(info.op.name).or_default() += 1;
+        let line = if json_out {
+            json_line(sum.frames, t, frame, &info, icrc_ok).to_string()
+        } else {
+            text_line(sum.frames, t, frame, &info, icrc_ok)
+        };
+        if let Err(e) = writeln!(out, "{line}") {
+            werr.get_or_insert(e);
+        }
+    })?;
+    if let Some(err) = werr {
+        return Err(DecodeError::Io {
+            path: "stdout".into(),
+            err,
+        });
+    }
+    Ok(sum)
+}
+
+/// The summary as text.
+pub fn summary_text(s: &Summary) -> String {
+    let mut t = format!(
+        "{} frames: {} RoCEv2 ({} with bad ICRC, {} CE-marked), {} malformed, {} other{}\n",
+        s.frames,
+        s.roce,
+        s.bad_icrc,
+        s.ce_marked,
+        s.malformed.values().sum::<u64>(),
+        s.other,
+        if s.not_ethernet > 0 {
+            format!(", {} not Ethernet", s.not_ethernet)
+        } else {
+            String::new()
+        }
+    );
+    for (op, n) in &s.by_opcode {
+        let _ = writeln!(t, "  {n:>8}  {op}");
+    }
+    for (r, n) in &s.malformed {
+        let _ = writeln!(t, "  {n:>8}  malformed: {r}");
+    }
+    t
+}
+
+/// The summary as JSON.
+pub fn summary_json(s: &Summary) -> serde_json::Value {
+    json!({"summary": {"frames": s.frames, "roce": s.roce, "bad_icrc": s.bad_icrc, "ce_marked": s.ce_marked,
+        "malformed": s.malformed, "other": s.other, "not_ethernet": s.not_ethernet, "by_opcode": s.by_opcode}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/rxe")
+            .join(name)
+    }
+
+    #[test]
+    fn decodes_a_capture_line_per_packet() {
+        let mut out = Vec::new();
+        let s = decode(&capture("atomic_cs.pcap"), false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count() as u64, s.roce);
+        assert_eq!(s.bad_icrc, 0);
+        assert!(s.other > 0, "the TCP exchange is in the file");
+        assert!(
+            text.contains("RC CmpSwap") && text.contains("AtomicETH va="),
+            "{text}"
+        );
+        assert!(text.contains("RC Atomic Acknowledge") && text.contains("AtomicAckETH orig="));
+        assert!(text.lines().all(|l| l.ends_with("ICRC=good")));
+    }
+
+    #[test]
+    fn json_lines_parse_and_name_naks() {
+        let mut out = Vec::new();
+        let s = decode(&capture("hostpeer_probe_rnr.pcap"), true, &mut out).unwrap();
+        let lines: Vec<serde_json::Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len() as u64, s.roce);
+        assert!(lines.iter().any(|l| l["aeth"]["syndrome"] == 0x2c
+            && l["aeth"]["text"].as_str().unwrap().starts_with("RNR NAK")));
+    }
+
+    #[test]
+    fn a_corrupted_capture_shows_bad_icrc() {
+        let src = std::fs::read(capture("rc_pingpong_small.pcap")).unwrap();
+        let mut bytes = src.clone();
+        // Flip the last byte of the file: the last packet's ICRC (an ACK).
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xff;
+        let dir = std::env::temp_dir().join(format!("rocectl-decode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bad.pcap");
+        std::fs::write(&p, &bytes).unwrap();
+        let mut out = Vec::new();
+        let s = decode(&p, false, &mut out).unwrap();
+        assert_eq!(s.bad_icrc, 1, "{}", String::from_utf8_lossy(&out));
+        assert!(String::from_utf8(out).unwrap().contains("ICRC=BAD"));
+        std::fs::write(&p, b"not a capture at all").unwrap();
+        assert!(matches!(
+            decode(&p, false, &mut Vec::new()),
+            Err(DecodeError::Format { .. })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
