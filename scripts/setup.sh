@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what ferroce needs on a fresh Debian 12 and prepares the machine (root):
 # DPDK 22.11 and its headers, libclang for bindgen, iproute2/ping for the integration tests,
-# 2 MiB hugepages reserved and hugetlbfs mounted on /dev/hugepages. Idempotent.
+# tshark and scapy for the wire cross-checks, 2 MiB hugepages reserved and hugetlbfs mounted
+# on /dev/hugepages. Idempotent.
 set -euo pipefail
 
-PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps)
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip)
 HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
 
 if [ "$(id -u)" != 0 ]; then
@@ -21,6 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# scapy (its RoCE layer is the independent implementation the wire tests cross-check against).
+if ! python3 -c 'import scapy.contrib.roce' 2>/dev/null; then
+  echo "setup: installing scapy"
+  python3 -m pip install -q scapy 2>/dev/null || python3 -m pip install -q --break-system-packages scapy
 fi
 
 total=$(awk '/^HugePages_Total:/ {print $2}' /proc/meminfo)

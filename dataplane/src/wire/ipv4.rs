@@ -131,20 +131,34 @@ impl<T: AsRef<[u8]>> Header<T> {
     }
 }
 
-/// The Internet checksum of `data` (the one's complement of the one's complement sum).
-pub fn checksum(data: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    let mut chunks = data.chunks_exact(2);
+/// The one's complement sum of `data` as 16-bit big-endian words, added to `sum` (not folded).
+pub fn ones_sum(mut sum: u64, data: &[u8]) -> u64 {
+    let mut chunks = data.chunks_exact(4);
     for c in &mut chunks {
-        sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+        sum += u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as u64;
     }
-    if let [last] = chunks.remainder() {
-        sum += (*last as u32) << 8;
+    let rest = chunks.remainder();
+    let mut words = rest.chunks_exact(2);
+    for c in &mut words {
+        sum += (u16::from_be_bytes([c[0], c[1]]) as u64) << 16;
     }
+    if let [last] = words.remainder() {
+        sum += (*last as u64) << 24;
+    }
+    sum
+}
+
+/// Folds a sum from [`ones_sum`] into the 16-bit one's complement checksum.
+pub fn fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+/// The Internet checksum of `data` (the one's complement of the one's complement sum).
+pub fn checksum(data: &[u8]) -> u16 {
+    fold(ones_sum(0, data))
 }
 
 /// A parsed IPv4 header (without options).

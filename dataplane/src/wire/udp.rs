@@ -66,6 +66,19 @@ impl Repr {
     }
 }
 
+/// The UDP checksum over IPv6 (RFC 8200: mandatory there) of a datagram `udp` (header with a
+/// zero checksum field, and payload) from `src` to `dst`. Zero comes out as 0xFFFF.
+pub fn checksum_v6(src: &core::net::Ipv6Addr, dst: &core::net::Ipv6Addr, udp: &[u8]) -> u16 {
+    use super::ipv4::{fold, ones_sum};
+    let mut s = ones_sum(0, &src.octets());
+    s = ones_sum(s, &dst.octets());
+    s += udp.len() as u64 + super::ipv4::PROTO_UDP as u64;
+    match fold(ones_sum(s, udp)) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
 /// The UDP source port Linux (rxe) uses for a QP pair without a flow label: the flow label
 /// derived from the two QP numbers (`rdma_calc_flow_label`), folded into 14 bits above 0xC000
 /// (`rdma_flow_label_to_udp_sport`).
