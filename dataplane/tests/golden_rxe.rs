@@ -224,3 +224,17 @@ fn ecn_vlan_ipv6_and_4k_mtu() {
     let s = check_capture("mtu4k_write_bw.pcap");
     assert_eq!(s.max_payload, 4096);
 }
+
+/// Inputs the fuzzer found crashing (now fixed) stay rejected cleanly.
+#[test]
+fn fuzz_regressions_are_rejected_without_panic() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/fuzz-regressions");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        assert!(parse(&bytes, Checks::ALL).is_err());
+        assert!(parse(&bytes, Checks::NONE).is_err());
+        n += 1;
+    }
+    assert!(n >= 2);
+}

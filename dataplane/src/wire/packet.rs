@@ -194,12 +194,18 @@ pub fn parse(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
         }
         _ => return Err(Error::NotRoce),
     };
+    if l4_len < udp::HEADER_LEN {
+        return Err(Error::BadLength);
+    }
     let u = udp::Header::new_checked(&l3[l4_off..])?;
     if u.dst_port() != udp::ROCEV2_PORT {
         return Err(Error::NotRoce);
     }
     if u.length() as usize != l4_len {
         return Err(Error::BadLength);
+    }
+    if l4_len < udp::HEADER_LEN + bth::HEADER_LEN {
+        return Err(Error::Truncated);
     }
     let bth_rel = l4_off + udp::HEADER_LEN;
     let b = bth::Header::new_checked(&l3[bth_rel..l4_off + l4_len])?;
