@@ -35,6 +35,9 @@ pub mod udp;
 
 pub use psn::Psn;
 
+#[cfg(test)]
+mod proptests;
+
 /// Why bytes are not a valid header or packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum Error {
