@@ -15,6 +15,7 @@
 
 pub mod buf;
 pub mod counters;
+pub mod crc;
 pub mod dpdk;
 pub mod lcore;
 pub mod net;
