@@ -5,6 +5,7 @@ use dataplane::wire::aeth::{NakCode, Syndrome};
 use dataplane::wire::packet::{Checks, PacketInfo, parse};
 use dataplane::wire::{Error as WireError, icrc, ipv4::Ecn};
 use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::{Block, PcapNgReader};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -233,19 +234,41 @@ fn read_packets(
     let visit: &mut Visit<'_> = &mut visit;
     if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
         let mut r = PcapNgReader::new(file).map_err(fmt)?;
-        let mut linktypes: Vec<u32> = Vec::new();
+        // Per interface: link type and timestamp ticks per second (if_tsresol, default 10^6).
+        let mut ifaces: Vec<(u32, u128)> = Vec::new();
         while let Some(b) = r.next_block() {
             match b.map_err(fmt)? {
-                Block::InterfaceDescription(i) => linktypes.push(u32::from(i.linktype)),
-                Block::EnhancedPacket(e) => {
-                    let lt = linktypes.get(e.interface_id as usize).copied().unwrap_or(1);
-                    visit(e.timestamp, lt, &e.data);
+                Block::InterfaceDescription(i) => {
+                    let mut tps: u128 = 1_000_000;
+                    for o in &i.options {
+                        if let InterfaceDescriptionOption::IfTsResol(r) = o {
+                            let e = (r & 0x7f) as u32;
+                            tps = if r & 0x80 != 0 {
+                                1u128.checked_shl(e).unwrap_or(1)
+                            } else {
+                                10u128.saturating_pow(e)
+                            };
+                        }
+                    }
+                    ifaces.push((u32::from(i.linktype), tps.max(1)));
                 }
-                Block::SimplePacket(s) => visit(
-                    Duration::ZERO,
-                    linktypes.first().copied().unwrap_or(1),
-                    &s.data,
-                ),
+                Block::EnhancedPacket(e) => {
+                    let (lt, tps) = ifaces
+                        .get(e.interface_id as usize)
+                        .copied()
+                        .unwrap_or((1, 1_000_000));
+                    // pcap-file hands over the raw 64-bit tick count as nanoseconds.
+                    let ticks = e.timestamp.as_nanos();
+                    let ns = ticks.saturating_mul(1_000_000_000) / tps;
+                    visit(
+                        Duration::from_nanos(ns.min(u64::MAX as u128) as u64),
+                        lt,
+                        &e.data,
+                    );
+                }
+                Block::SimplePacket(s) => {
+                    visit(Duration::ZERO, ifaces.first().map_or(1, |i| i.0), &s.data)
+                }
                 _ => {}
             }
         }

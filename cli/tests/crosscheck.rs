@@ -255,3 +255,30 @@ fn ferroce_built_packets_pass_scapy_and_tshark() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn pcapng_reads_like_pcap() {
+    // editcap (wireshark-common, which tshark brings) converts a golden capture to pcapng.
+    let dir = tmp("pcapng");
+    let src = root().join("tests/data/rxe/read_bw.pcap");
+    let ng = dir.join("read_bw.pcapng");
+    let (code, _, err) = run(Command::new("editcap")
+        .args(["-F", "pcapng"])
+        .arg(&src)
+        .arg(&ng));
+    assert_eq!(code, 0, "editcap: {err}");
+    let decode = |p: &Path| {
+        run(Command::new(env!("CARGO_BIN_EXE_rocectl"))
+            .args(["decode", "--verify-icrc"])
+            .arg(p))
+    };
+    let (c1, a, _) = decode(&src);
+    let (c2, b, e) = decode(&ng);
+    assert_eq!((c1, c2), (0, 0), "{e}");
+    if let Some((x, y)) = a.lines().zip(b.lines()).find(|(x, y)| x != y) {
+        panic!("pcap and pcapng decode differently:\n{x}\n{y}");
+    }
+    assert_eq!(a.lines().count(), b.lines().count());
+    assert!(a.contains("RC RDMA READ Response First"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
