@@ -25,6 +25,7 @@ pub enum NakCode {
 }
 
 impl NakCode {
+    #[inline]
     fn from_bits(v: u8) -> NakCode {
         match v {
             0 => NakCode::PsnSequenceError,
@@ -35,6 +36,7 @@ impl NakCode {
             x => NakCode::Reserved(x),
         }
     }
+    #[inline]
     fn bits(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -73,12 +75,14 @@ const RNR_US: [u32; 32] = [
     245_760, 327_680, 491_520,
 ];
 
+#[inline]
 /// How long an RNR NAK with this timer code asks the requester to wait.
 pub fn rnr_duration(timer: u8) -> Duration {
     Duration::from_micros(RNR_US[(timer & 0x1f) as usize] as u64)
 }
 
 impl Syndrome {
+    #[inline]
     /// From the syndrome byte.
     pub fn from_byte(b: u8) -> Syndrome {
         match b >> 5 {
@@ -88,6 +92,7 @@ impl Syndrome {
             _ => Syndrome::Reserved(b),
         }
     }
+    #[inline]
     /// To the syndrome byte.
     pub fn to_byte(self) -> u8 {
         match self {
@@ -97,6 +102,7 @@ impl Syndrome {
             Syndrome::Reserved(b) => b,
         }
     }
+    #[inline]
     /// True for an ACK.
     pub fn is_ack(self) -> bool {
         matches!(self, Syndrome::Ack { .. })
@@ -106,10 +112,12 @@ impl Syndrome {
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of an AETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Syndrome.
     pub fn syndrome(&self) -> Syndrome {
         Syndrome::from_byte(self.buffer.as_ref()[0])
     }
+    #[inline]
     /// Message sequence number (24 bits).
     pub fn msn(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 0) & 0x00ff_ffff
@@ -126,6 +134,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses an AETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr {
@@ -133,10 +142,12 @@ impl Repr {
             msn: h.msn(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         let v = (self.syndrome.to_byte() as u32) << 24 | (self.msn & 0x00ff_ffff);

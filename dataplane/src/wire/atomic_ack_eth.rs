@@ -8,6 +8,7 @@ pub const HEADER_LEN: usize = 8;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of an AtomicAckETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// The value at the remote address before the atomic operation.
     pub fn orig(&self) -> u64 {
         super::be_u64(self.buffer.as_ref(), 0)
@@ -22,14 +23,17 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses an AtomicAckETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr { orig: h.orig() })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         h.buffer.as_mut()[0..8].copy_from_slice(&self.orig.to_be_bytes());

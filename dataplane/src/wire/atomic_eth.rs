@@ -9,18 +9,22 @@ pub const HEADER_LEN: usize = 28;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of an AtomicETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Remote virtual address (8-byte aligned).
     pub fn va(&self) -> u64 {
         super::be_u64(self.buffer.as_ref(), 0)
     }
+    #[inline]
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 8)
     }
+    #[inline]
     /// Swap value (CmpSwap) or addend (FetchAdd).
     pub fn swap_add(&self) -> u64 {
         super::be_u64(self.buffer.as_ref(), 12)
     }
+    #[inline]
     /// Compare value (CmpSwap).
     pub fn compare(&self) -> u64 {
         super::be_u64(self.buffer.as_ref(), 20)
@@ -41,6 +45,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses an AtomicETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr {
@@ -50,10 +55,12 @@ impl Repr {
             compare: h.compare(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         let b = h.buffer.as_mut();

@@ -9,14 +9,17 @@ pub const HEADER_LEN: usize = 8;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of a DETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Queue key.
     pub fn qkey(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 0)
     }
+    #[inline]
     /// The reserved byte before the source QP.
     pub fn resv8(&self) -> u8 {
         self.buffer.as_ref()[4]
     }
+    #[inline]
     /// Source QP number (24 bits).
     pub fn src_qp(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 4) & 0x00ff_ffff
@@ -35,6 +38,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses a DETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr {
@@ -43,10 +47,12 @@ impl Repr {
             src_qp: h.src_qp(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         let b = h.buffer.as_mut();

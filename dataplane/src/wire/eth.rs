@@ -29,6 +29,7 @@ pub struct VlanTag {
 }
 
 impl VlanTag {
+    #[inline]
     /// From the tag control information.
     pub fn from_tci(tci: u16) -> VlanTag {
         VlanTag {
@@ -37,6 +38,7 @@ impl VlanTag {
             vid: tci & 0x0fff,
         }
     }
+    #[inline]
     /// The tag control information.
     pub fn tci(self) -> u16 {
         (self.pcp as u16 & 7) << 13 | (self.dei as u16) << 12 | (self.vid & 0x0fff)
@@ -50,10 +52,12 @@ pub struct Frame<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Frame<T> {
+    #[inline]
     /// Wraps a buffer without checking it.
     pub const fn new_unchecked(buffer: T) -> Self {
         Frame { buffer }
     }
+    #[inline]
     /// Wraps a buffer, checking that the header (with its tag, if any) fits.
     pub fn new_checked(buffer: T) -> Result<Self> {
         let f = Frame { buffer };
@@ -63,24 +67,29 @@ impl<T: AsRef<[u8]>> Frame<T> {
         }
         Ok(f)
     }
+    #[inline]
     /// Destination MAC.
     pub fn dst(&self) -> [u8; 6] {
         self.buffer.as_ref()[0..6].try_into().expect("6 bytes")
     }
+    #[inline]
     /// Source MAC.
     pub fn src(&self) -> [u8; 6] {
         self.buffer.as_ref()[6..12].try_into().expect("6 bytes")
     }
+    #[inline]
     fn tpid(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[12], b[13]])
     }
+    #[inline]
     /// The 802.1Q tag, if the frame has one.
     pub fn vlan(&self) -> Option<VlanTag> {
         let b = self.buffer.as_ref();
         (self.tpid() == ETHERTYPE_VLAN && b.len() >= 16)
             .then(|| VlanTag::from_tci(u16::from_be_bytes([b[14], b[15]])))
     }
+    #[inline]
     /// Header length: 14, or 18 with a tag.
     pub fn header_len(&self) -> usize {
         if self.tpid() == ETHERTYPE_VLAN {
@@ -89,12 +98,14 @@ impl<T: AsRef<[u8]>> Frame<T> {
             HEADER_LEN
         }
     }
+    #[inline]
     /// The ethertype after any tag.
     pub fn ethertype(&self) -> u16 {
         let b = self.buffer.as_ref();
         let at = self.header_len() - 2;
         u16::from_be_bytes([b[at], b[at + 1]])
     }
+    #[inline]
     /// What follows the header.
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[self.header_len()..]
@@ -115,6 +126,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses the header.
     pub fn parse<T: AsRef<[u8]>>(f: &Frame<T>) -> Result<Repr> {
         Ok(Repr {
@@ -124,10 +136,12 @@ impl Repr {
             ethertype: f.ethertype(),
         })
     }
+    #[inline]
     /// Header length.
     pub fn buffer_len(&self) -> usize {
         HEADER_LEN + if self.vlan.is_some() { VLAN_TAG_LEN } else { 0 }
     }
+    #[inline]
     /// Writes the header at the start of `b`.
     pub fn emit(&self, b: &mut [u8]) {
         b[0..6].copy_from_slice(&self.dst);

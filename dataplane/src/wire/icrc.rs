@@ -146,6 +146,7 @@ pub fn verify(l3_with_icrc: &[u8], ipv6: bool) -> Result<()> {
     }
 }
 
+#[inline]
 /// The ICRC the slow, obvious way (a masked copy of everything), for tests and fuzzing.
 pub fn compute_reference(l3: &[u8], ipv6: bool) -> Result<u32> {
     let mut v = vec![0xffu8; 8];

@@ -8,6 +8,7 @@ pub const HEADER_LEN: usize = 4;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of an IETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// R_Key to invalidate.
     pub fn rkey(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 0)
@@ -22,14 +23,17 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses an IETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr { rkey: h.rkey() })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         h.buffer.as_mut()[0..4].copy_from_slice(&self.rkey.to_be_bytes());

@@ -23,6 +23,7 @@ pub enum Ecn {
 }
 
 impl Ecn {
+    #[inline]
     /// From the two ECN bits.
     pub fn from_bits(b: u8) -> Ecn {
         match b & 3 {
@@ -32,6 +33,7 @@ impl Ecn {
             _ => Ecn::Ce,
         }
     }
+    #[inline]
     /// The two ECN bits.
     pub fn bits(self) -> u8 {
         match self {
@@ -50,10 +52,12 @@ pub struct Header<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Wraps without checking.
     pub const fn new_unchecked(buffer: T) -> Self {
         Header { buffer }
     }
+    #[inline]
     /// Wraps, checking version, header length and that the whole header fits.
     pub fn new_checked(buffer: T) -> Result<Self> {
         let h = Header { buffer };
@@ -72,65 +76,80 @@ impl<T: AsRef<[u8]>> Header<T> {
         }
         Ok(h)
     }
+    #[inline]
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
+    #[inline]
     /// Header length in bytes.
     pub fn header_len(&self) -> usize {
         ((self.b()[0] & 0x0f) as usize) * 4
     }
+    #[inline]
     /// DSCP.
     pub fn dscp(&self) -> u8 {
         self.b()[1] >> 2
     }
+    #[inline]
     /// ECN.
     pub fn ecn(&self) -> Ecn {
         Ecn::from_bits(self.b()[1])
     }
+    #[inline]
     /// Total length.
     pub fn total_len(&self) -> u16 {
         u16::from_be_bytes([self.b()[2], self.b()[3]])
     }
+    #[inline]
     /// Identification.
     pub fn ident(&self) -> u16 {
         u16::from_be_bytes([self.b()[4], self.b()[5]])
     }
+    #[inline]
     /// Flags and fragment offset, as carried.
     pub fn flags_frag(&self) -> u16 {
         u16::from_be_bytes([self.b()[6], self.b()[7]])
     }
+    #[inline]
     /// True for a fragment (MF set or a non-zero offset).
     pub fn is_fragment(&self) -> bool {
         self.flags_frag() & 0x3fff != 0
     }
+    #[inline]
     /// TTL.
     pub fn ttl(&self) -> u8 {
         self.b()[8]
     }
+    #[inline]
     /// Protocol.
     pub fn protocol(&self) -> u8 {
         self.b()[9]
     }
+    #[inline]
     /// Header checksum.
     pub fn checksum(&self) -> u16 {
         u16::from_be_bytes([self.b()[10], self.b()[11]])
     }
+    #[inline]
     /// Source address.
     pub fn src(&self) -> Ipv4Addr {
         let b = self.b();
         Ipv4Addr::new(b[12], b[13], b[14], b[15])
     }
+    #[inline]
     /// Destination address.
     pub fn dst(&self) -> Ipv4Addr {
         let b = self.b();
         Ipv4Addr::new(b[16], b[17], b[18], b[19])
     }
+    #[inline]
     /// True if the header checksum is right.
     pub fn verify_checksum(&self) -> bool {
         checksum(&self.b()[..self.header_len()]) == 0
     }
 }
 
+#[inline]
 /// The one's complement sum of `data` as 16-bit big-endian words, added to `sum` (not folded).
 pub fn ones_sum(mut sum: u64, data: &[u8]) -> u64 {
     let mut chunks = data.chunks_exact(4);
@@ -148,6 +167,7 @@ pub fn ones_sum(mut sum: u64, data: &[u8]) -> u64 {
     sum
 }
 
+#[inline]
 /// Folds a sum from [`ones_sum`] into the 16-bit one's complement checksum.
 pub fn fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
@@ -156,6 +176,7 @@ pub fn fold(mut sum: u64) -> u16 {
     !(sum as u16)
 }
 
+#[inline]
 /// The Internet checksum of `data` (the one's complement of the one's complement sum).
 pub fn checksum(data: &[u8]) -> u16 {
     fold(ones_sum(0, data))
@@ -183,6 +204,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses a header without options (RoCE never uses them).
     pub fn parse<T: AsRef<[u8]>>(h: &Header<T>) -> Result<Repr> {
         if h.header_len() != HEADER_LEN {
@@ -199,10 +221,12 @@ impl Repr {
             dst: h.dst(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header for a packet of `payload_len` bytes after it. The checksum is filled
     /// in unless `offload` (then it is 0, for the port to fill).
     pub fn emit(&self, b: &mut [u8], payload_len: usize, offload: bool) {

@@ -10,42 +10,52 @@ pub const HEADER_LEN: usize = 40;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of an IPv6 header.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
+    #[inline]
     /// Version (6).
     pub fn version(&self) -> u8 {
         self.b()[0] >> 4
     }
+    #[inline]
     /// Traffic class.
     pub fn traffic_class(&self) -> u8 {
         (self.b()[0] << 4) | (self.b()[1] >> 4)
     }
+    #[inline]
     /// ECN.
     pub fn ecn(&self) -> Ecn {
         Ecn::from_bits(self.traffic_class())
     }
+    #[inline]
     /// Flow label.
     pub fn flow_label(&self) -> u32 {
         let b = self.b();
         u32::from_be_bytes([0, b[1] & 0x0f, b[2], b[3]])
     }
+    #[inline]
     /// Payload length.
     pub fn payload_len(&self) -> u16 {
         u16::from_be_bytes([self.b()[4], self.b()[5]])
     }
+    #[inline]
     /// Next header.
     pub fn next_header(&self) -> u8 {
         self.b()[6]
     }
+    #[inline]
     /// Hop limit.
     pub fn hop_limit(&self) -> u8 {
         self.b()[7]
     }
+    #[inline]
     /// Source.
     pub fn src(&self) -> Ipv6Addr {
         Ipv6Addr::from(<[u8; 16]>::try_from(&self.b()[8..24]).expect("16 bytes"))
     }
+    #[inline]
     /// Destination.
     pub fn dst(&self) -> Ipv6Addr {
         Ipv6Addr::from(<[u8; 16]>::try_from(&self.b()[24..40]).expect("16 bytes"))
@@ -70,6 +80,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses the header.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         if h.version() != 6 {
@@ -84,10 +95,12 @@ impl Repr {
             dst: h.dst(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header for `payload_len` bytes of payload.
     pub fn emit(&self, b: &mut [u8], payload_len: usize) {
         let w = 6u32 << 28 | (self.traffic_class as u32) << 20 | (self.flow_label & 0x000f_ffff);

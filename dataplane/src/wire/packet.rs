@@ -90,50 +90,60 @@ impl Checks {
 }
 
 impl PacketInfo {
+    #[inline]
     fn ext<'a>(&self, frame: &'a [u8], off: u8) -> Option<&'a [u8]> {
         (off != 0).then(|| &frame[self.bth_off as usize + off as usize..])
     }
+    #[inline]
     /// The RETH, if the opcode has one.
     pub fn reth(&self, frame: &[u8]) -> Option<reth::Repr> {
         let b = self.ext(frame, self.op.offset.reth)?;
         reth::Repr::parse(&reth::Header::new_checked(b).ok()?).ok()
     }
+    #[inline]
     /// The AETH, if the opcode has one.
     pub fn aeth(&self, frame: &[u8]) -> Option<aeth::Repr> {
         let b = self.ext(frame, self.op.offset.aeth)?;
         aeth::Repr::parse(&aeth::Header::new_checked(b).ok()?).ok()
     }
+    #[inline]
     /// The AtomicETH, if the opcode has one.
     pub fn atomic_eth(&self, frame: &[u8]) -> Option<atomic_eth::Repr> {
         let b = self.ext(frame, self.op.offset.atmeth)?;
         atomic_eth::Repr::parse(&atomic_eth::Header::new_checked(b).ok()?).ok()
     }
+    #[inline]
     /// The AtomicAckETH, if the opcode has one.
     pub fn atomic_ack(&self, frame: &[u8]) -> Option<atomic_ack_eth::Repr> {
         let b = self.ext(frame, self.op.offset.atmack)?;
         atomic_ack_eth::Repr::parse(&atomic_ack_eth::Header::new_checked(b).ok()?).ok()
     }
+    #[inline]
     /// The immediate data, if the opcode has it.
     pub fn immdt(&self, frame: &[u8]) -> Option<u32> {
         let b = self.ext(frame, self.op.offset.immdt)?;
         Some(immdt::Header::new_checked(b).ok()?.imm())
     }
+    #[inline]
     /// The IETH's R_Key, if the opcode has one.
     pub fn ieth(&self, frame: &[u8]) -> Option<u32> {
         let b = self.ext(frame, self.op.offset.ieth)?;
         Some(ieth::Header::new_checked(b).ok()?.rkey())
     }
+    #[inline]
     /// The DETH, if the opcode has one.
     pub fn deth(&self, frame: &[u8]) -> Option<deth::Repr> {
         let b = self.ext(frame, self.op.offset.deth)?;
         deth::Repr::parse(&deth::Header::new_checked(b).ok()?).ok()
     }
+    #[inline]
     /// The payload.
     pub fn payload<'a>(&self, frame: &'a [u8]) -> &'a [u8] {
         &frame[self.payload_off as usize..self.payload_off as usize + self.payload_len as usize]
     }
 }
 
+#[inline]
 /// Parses a frame as a RoCEv2 packet.
 pub fn parse(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
     let f = eth::Frame::new_checked(frame)?;
@@ -276,6 +286,7 @@ pub enum IpRepr {
 }
 
 impl IpRepr {
+    #[inline]
     fn len(&self) -> usize {
         match self {
             IpRepr::V4(_) => ipv4::HEADER_LEN,
@@ -319,6 +330,7 @@ pub struct RoceRepr {
 }
 
 impl RoceRepr {
+    #[inline]
     /// Parses every header of a packet already checked by [`parse`].
     pub fn parse(frame: &[u8], info: &PacketInfo) -> Result<RoceRepr> {
         let f = eth::Frame::new_checked(frame)?;
@@ -348,26 +360,31 @@ impl RoceRepr {
         })
     }
 
+    #[inline]
     /// The opcode's table entry.
     pub fn op(&self) -> &'static OpInfo {
         lookup(self.bth.opcode)
     }
 
+    #[inline]
     /// Bytes of headers in front of the payload.
     pub fn header_len(&self) -> usize {
         self.eth.buffer_len() + self.ip.len() + udp::HEADER_LEN + self.op().length as usize
     }
 
+    #[inline]
     /// Bytes after the payload: pad and ICRC.
     pub fn trailer_len(payload_len: usize) -> usize {
         (4 - payload_len % 4) % 4 + icrc::LEN
     }
 
+    #[inline]
     /// The whole frame's length for `payload_len` bytes of payload.
     pub fn frame_len(&self, payload_len: usize) -> usize {
         self.header_len() + payload_len + Self::trailer_len(payload_len)
     }
 
+    #[inline]
     /// Writes the headers, pad and ICRC around a payload already at
     /// `frame[header_len()..header_len() + payload_len]`; `frame` must be exactly
     /// [`frame_len`](Self::frame_len) long. With `ipv4_cksum_offload` the IPv4 checksum is
@@ -446,6 +463,7 @@ impl RoceRepr {
     }
 }
 
+#[inline]
 /// Builds a packet around the payload a buffer holds: grows it into its headroom for the
 /// headers and its tailroom for the pad and ICRC, writes them all, and asks the port for the
 /// IPv4 checksum when `offload` (the port has the capability).
@@ -491,6 +509,7 @@ mod tests {
     use crate::wire::opcode::op;
     use core::net::Ipv4Addr;
 
+    #[inline]
     fn repr(opcode: u8) -> RoceRepr {
         RoceRepr {
             eth: eth::Repr {

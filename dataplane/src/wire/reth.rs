@@ -9,14 +9,17 @@ pub const HEADER_LEN: usize = 16;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of a RETH.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Remote virtual address.
     pub fn va(&self) -> u64 {
         super::be_u64(self.buffer.as_ref(), 0)
     }
+    #[inline]
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 8)
     }
+    #[inline]
     /// Length of the whole transfer.
     pub fn dma_len(&self) -> u32 {
         super::be_u32(self.buffer.as_ref(), 12)
@@ -35,6 +38,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses a RETH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr {
@@ -43,10 +47,12 @@ impl Repr {
             dma_len: h.dma_len(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         let b = h.buffer.as_mut();

@@ -11,21 +11,25 @@ pub const ROCEV2_PORT: u16 = 4791;
 super::header_view!(Header, HEADER_LEN, "A zero-copy view of a UDP header.");
 
 impl<T: AsRef<[u8]>> Header<T> {
+    #[inline]
     /// Source port.
     pub fn src_port(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[0], b[1]])
     }
+    #[inline]
     /// Destination port.
     pub fn dst_port(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[2], b[3]])
     }
+    #[inline]
     /// Length of header and payload.
     pub fn length(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[4], b[5]])
     }
+    #[inline]
     /// Checksum.
     pub fn checksum(&self) -> u16 {
         let b = self.buffer.as_ref();
@@ -45,6 +49,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     /// Parses the header (the length is checked by the packet parser).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(h: &Header<&T>) -> Result<Repr> {
         Ok(Repr {
@@ -53,10 +58,12 @@ impl Repr {
             checksum: h.checksum(),
         })
     }
+    #[inline]
     /// Header length.
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     /// Writes the header with `len` as its length field.
     pub fn emit(&self, b: &mut [u8], len: u16) {
         b[0..2].copy_from_slice(&self.src_port.to_be_bytes());
@@ -66,6 +73,7 @@ impl Repr {
     }
 }
 
+#[inline]
 /// The UDP checksum over IPv6 (RFC 8200: mandatory there) of a datagram `udp` (header with a
 /// zero checksum field, and payload) from `src` to `dst`. Zero comes out as 0xFFFF.
 pub fn checksum_v6(src: &core::net::Ipv6Addr, dst: &core::net::Ipv6Addr, udp: &[u8]) -> u16 {
@@ -79,6 +87,7 @@ pub fn checksum_v6(src: &core::net::Ipv6Addr, dst: &core::net::Ipv6Addr, udp: &[
     }
 }
 
+#[inline]
 /// The UDP source port Linux (rxe) uses for a QP pair without a flow label: the flow label
 /// derived from the two QP numbers (`rdma_calc_flow_label`), folded into 14 bits above 0xC000
 /// (`rdma_flow_label_to_udp_sport`).
