@@ -160,18 +160,18 @@ impl<B> NeighborCache<B> {
         }
         let mut held = ArrayVec::new();
         held.push(frame);
-        self.map.insert(
-            ip,
-            Entry {
-                state: State::Incomplete {
-                    tries: 1,
-                    next: now + RETRANS,
-                },
-                held,
-            },
-        );
-        self.wake_at(now + RETRANS);
+        self.start(ip, now, held);
         Resolve::Held { solicit: true }
+    }
+
+    /// A new INCOMPLETE entry whose first solicitation the caller sends now.
+    fn start(&mut self, ip: IpAddr, now: Instant, held: ArrayVec<B, HOLD_PER_NEIGHBOR>) {
+        let state = State::Incomplete {
+            tries: 1,
+            next: now + RETRANS,
+        };
+        self.map.insert(ip, Entry { state, held });
+        self.wake_at(now + RETRANS);
     }
 
     /// Starts resolving `ip` unless it is known or already resolving; true if a solicitation must
@@ -180,17 +180,7 @@ impl<B> NeighborCache<B> {
         if self.map.contains_key(&ip) || !self.make_room() {
             return false;
         }
-        self.map.insert(
-            ip,
-            Entry {
-                state: State::Incomplete {
-                    tries: 1,
-                    next: now + RETRANS,
-                },
-                held: ArrayVec::new(),
-            },
-        );
-        self.wake_at(now + RETRANS);
+        self.start(ip, now, ArrayVec::new());
         true
     }
 
