@@ -10,18 +10,23 @@
 //! [`packet::PacketInfo`] and the transmit build that writes every header in place in front of a
 //! payload. Nothing here allocates, and errors are values.
 //!
-//! The appliance's own ARP, ICMP and neighbour discovery use smoltcp's `wire` (see [`crate::net`]);
-//! the L2-L4 headers here carry what RoCE needs and smoltcp's Reprs do not (DSCP and ECN, IPv4
-//! identification and flags, the flow label), so that a parsed RoCE packet re-emits byte for byte.
+//! ARP, ICMP and ICMPv6 with neighbour discovery ([`arp`], [`icmpv4`], [`icmpv6`]) are smoltcp's
+//! `wire` types, re-exported: a well-kept, allocation-free, fuzzed implementation we need not
+//! write again. The L2-L4 headers here ([`eth`], [`ipv4`], [`ipv6`], [`udp`]) are our own because
+//! they carry what RoCE needs and smoltcp's Reprs do not (DSCP and ECN, IPv4 identification and
+//! flags, the flow label), so that a parsed RoCE packet re-emits byte for byte.
 #![forbid(unsafe_code)]
 
 pub mod aeth;
+pub mod arp;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
 pub mod cnp;
 pub mod deth;
 pub mod eth;
+pub mod icmpv4;
+pub mod icmpv6;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
