@@ -21,6 +21,7 @@ pub mod lcore;
 pub mod net;
 pub mod port;
 pub mod time;
+pub mod transport;
 pub mod wire;
 
 pub use buf::PacketBuf;

@@ -1,0 +1,188 @@
+//! Completion queues and work completions.
+//!
+//! A CQ is bounded. When a completion arrives at a full CQ, the CQ goes to the error state, as
+//! hardware does: the completion is lost, the owner gets an asynchronous error, and the QPs that
+//! use it must be moved to the error state by whoever handles that event.
+
+use std::collections::VecDeque;
+
+/// Completion status (ibv_wc_status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A receive buffer was too small, or a message too long for the QP.
+    LocLenErr,
+    /// Local QP operation error.
+    LocQpOpErr,
+    /// Local protection error (bad lkey, bounds, access).
+    LocProtErr,
+    /// Flushed: the QP went to the error state before this work request completed.
+    WrFlushErr,
+    /// The responder refused the remote access (NAK remote access error).
+    RemAccessErr,
+    /// The responder found the request invalid (NAK invalid request).
+    RemInvReqErr,
+    /// The responder failed to execute it (NAK remote operational error).
+    RemOpErr,
+    /// No ACK after retry_cnt retransmissions.
+    RetryExcErr,
+    /// RNR NAKs beyond rnr_retry.
+    RnrRetryExcErr,
+    /// A bad response (unexpected opcode or length).
+    BadRespErr,
+    /// General error.
+    GeneralErr,
+}
+
+/// What a completion completes (ibv_wc_opcode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// SEND (with or without immediate or invalidate).
+    Send,
+    /// RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// RDMA READ.
+    RdmaRead,
+    /// Compare and swap.
+    CompSwap,
+    /// Fetch and add.
+    FetchAdd,
+    /// A receive.
+    Recv,
+    /// A receive consumed by RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+/// One completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives: bytes received).
+    pub byte_len: u32,
+    /// Immediate data, for receives of "with immediate" messages.
+    pub imm_data: Option<u32>,
+    /// Invalidated rkey, for receives of "with invalidate" messages.
+    pub invalidated_rkey: Option<u32>,
+    /// The local QP.
+    pub qp_num: u32,
+}
+
+/// A bounded completion queue.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    cap: usize,
+    entries: VecDeque<WorkCompletion>,
+    error: bool,
+    overflows: u64,
+}
+
+/// Pushing to a CQ in error, or overflowing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CqError {
+    /// The CQ is full: it is now in error and the completion is lost.
+    #[error("completion queue overflow")]
+    Overflow,
+    /// The CQ was already in error.
+    #[error("completion queue in error")]
+    InError,
+}
+
+impl CompletionQueue {
+    /// A CQ for `cap` completions (at least 1).
+    pub fn new(cap: usize) -> Self {
+        let cap = cap.max(1);
+        CompletionQueue {
+            cap,
+            entries: VecDeque::with_capacity(cap),
+            error: false,
+            overflows: 0,
+        }
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when none are waiting.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// True once it overflowed.
+    pub fn in_error(&self) -> bool {
+        self.error
+    }
+
+    /// Times it overflowed.
+    pub fn overflows(&self) -> u64 {
+        self.overflows
+    }
+
+    /// Adds a completion.
+    pub fn push(&mut self, wc: WorkCompletion) -> Result<(), CqError> {
+        if self.error {
+            return Err(CqError::InError);
+        }
+        if self.entries.len() >= self.cap {
+            self.error = true;
+            self.overflows += 1;
+            return Err(CqError::Overflow);
+        }
+        self.entries.push_back(wc);
+        Ok(())
+    }
+
+    /// Moves up to `max` completions, oldest first, to `out` (ibv_poll_cq); returns how many.
+    pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let n = max.min(self.entries.len());
+        out.extend(self.entries.drain(..n));
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: 1,
+        }
+    }
+
+    #[test]
+    fn overflow_puts_the_cq_in_error() {
+        let mut cq = CompletionQueue::new(2);
+        cq.push(wc(1)).unwrap();
+        cq.push(wc(2)).unwrap();
+        assert_eq!(cq.push(wc(3)), Err(CqError::Overflow));
+        assert!(cq.in_error());
+        let mut out = Vec::new();
+        assert_eq!(
+            cq.poll(8, &mut out),
+            2,
+            "what was queued before the overflow is still there"
+        );
+        assert_eq!(out.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(cq.push(wc(4)), Err(CqError::InError), "stays in error");
+        assert_eq!(cq.overflows(), 1);
+    }
+}

@@ -1,0 +1,412 @@
+//! Protection domains and memory regions: keys, access flags, bounds.
+//!
+//! A region's bytes are reached through [`MrMemory`], so tests and the simulator back regions
+//! with a `Vec` while lcores back them with hugepage memory from DPDK. Keys are built as rxe
+//! builds them: the table index in the upper 24 bits, an 8-bit tag in the low byte that changes
+//! on every registration, so a stale key to a reused slot is refused.
+
+/// Access rights of a memory region (ibv_access_flags).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Access(u8);
+
+impl Access {
+    /// Local write (needed for receive buffers and READ/atomic results).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Remote RDMA WRITE.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Remote RDMA READ.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Remote atomics.
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// No rights beyond local read.
+    pub const NONE: Access = Access(0);
+
+    /// True if every right in `other` is granted.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Both sets.
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+
+    /// The bits.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        self.union(rhs)
+    }
+}
+
+/// Bytes behind a memory region.
+pub trait MrMemory: Send {
+    /// The region's bytes.
+    fn bytes(&self) -> &[u8];
+    /// The region's bytes, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl MrMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A protection domain handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdHandle(pub u32);
+
+/// Why a registration or an access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MrError {
+    /// No such protection domain.
+    #[error("no such protection domain")]
+    NoSuchPd,
+    /// The key names no region (or a deregistered one).
+    #[error("invalid key")]
+    InvalidKey,
+    /// The region belongs to another protection domain.
+    #[error("protection domain mismatch")]
+    PdMismatch,
+    /// The range is outside the region.
+    #[error("out of bounds")]
+    OutOfBounds,
+    /// The region does not grant the access.
+    #[error("access not granted")]
+    AccessDenied,
+    /// Atomics need 8-byte alignment.
+    #[error("misaligned atomic")]
+    Misaligned,
+    /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (the verbs rule).
+    #[error("remote write or atomic access needs local write")]
+    BadAccessFlags,
+    /// The table is full.
+    #[error("too many memory regions")]
+    TooMany,
+    /// The region is still in use (by a QP, for example).
+    #[error("region busy")]
+    Busy,
+}
+
+/// A registered region.
+pub struct MemoryRegion {
+    /// Owning protection domain.
+    pub pd: PdHandle,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (same value, as rxe does).
+    pub rkey: u32,
+    /// The virtual address the region is registered at.
+    pub va: u64,
+    /// Rights.
+    pub access: Access,
+    mem: Box<dyn MrMemory>,
+}
+
+impl core::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("pd", &self.pd)
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("va", &format_args!("{:#x}", self.va))
+            .field("len", &self.len())
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.bytes().len()
+    }
+
+    /// True for an empty region.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Offset of `[va, va + len)` in the region, if it lies inside.
+    pub fn offset(&self, va: u64, len: u64) -> Result<usize, MrError> {
+        let end = va.checked_add(len).ok_or(MrError::OutOfBounds)?;
+        if va < self.va || end > self.va + self.len() as u64 {
+            return Err(MrError::OutOfBounds);
+        }
+        Ok((va - self.va) as usize)
+    }
+
+    /// The bytes at `[va, va + len)`.
+    pub fn slice(&self, va: u64, len: usize) -> Result<&[u8], MrError> {
+        let off = self.offset(va, len as u64)?;
+        Ok(&self.mem.bytes()[off..off + len])
+    }
+
+    /// The bytes at `[va, va + len)`, writable.
+    pub fn slice_mut(&mut self, va: u64, len: usize) -> Result<&mut [u8], MrError> {
+        let off = self.offset(va, len as u64)?;
+        Ok(&mut self.mem.bytes_mut()[off..off + len])
+    }
+}
+
+/// The protection domains and memory regions of one endpoint.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    pds: Vec<bool>,
+    slots: Vec<Option<MemoryRegion>>,
+    tags: Vec<u8>,
+    free: Vec<u32>,
+    count: usize,
+}
+
+/// Most regions one table holds (24-bit index).
+pub const MAX_REGIONS: usize = 1 << 20;
+
+impl MrTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> PdHandle {
+        self.pds.push(true);
+        PdHandle(self.pds.len() as u32 - 1)
+    }
+
+    /// Frees a protection domain; refused while regions use it.
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), MrError> {
+        match self.pds.get(pd.0 as usize) {
+            Some(true) => {}
+            _ => return Err(MrError::NoSuchPd),
+        }
+        if self.slots.iter().flatten().any(|r| r.pd == pd) {
+            return Err(MrError::Busy);
+        }
+        self.pds[pd.0 as usize] = false;
+        Ok(())
+    }
+
+    /// Registers `mem` at virtual address `va` with `access`; returns the key (lkey = rkey).
+    pub fn register(
+        &mut self,
+        pd: PdHandle,
+        va: u64,
+        mem: Box<dyn MrMemory>,
+        access: Access,
+    ) -> Result<u32, MrError> {
+        if self.pds.get(pd.0 as usize) != Some(&true) {
+            return Err(MrError::NoSuchPd);
+        }
+        let remote_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(MrError::BadAccessFlags);
+        }
+        va.checked_add(mem.bytes().len() as u64)
+            .ok_or(MrError::OutOfBounds)?;
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() >= MAX_REGIONS {
+                    return Err(MrError::TooMany);
+                }
+                self.slots.push(None);
+                self.tags.push(0);
+                self.slots.len() as u32 - 1
+            }
+        };
+        let tag = &mut self.tags[index as usize];
+        *tag = tag.wrapping_add(1);
+        let key = index << 8 | *tag as u32;
+        self.slots[index as usize] = Some(MemoryRegion {
+            pd,
+            lkey: key,
+            rkey: key,
+            va,
+            access,
+            mem,
+        });
+        self.count += 1;
+        Ok(key)
+    }
+
+    /// Deregisters a region; its key stops working at once.
+    pub fn deregister(&mut self, key: u32) -> Result<Box<dyn MrMemory>, MrError> {
+        self.get(key)?;
+        let index = key >> 8;
+        let r = self.slots[index as usize]
+            .take()
+            .ok_or(MrError::InvalidKey)?;
+        self.count -= 1;
+        self.free.push(index);
+        Ok(r.mem)
+    }
+
+    /// The region a key names.
+    pub fn get(&self, key: u32) -> Result<&MemoryRegion, MrError> {
+        let index = (key >> 8) as usize;
+        match self.slots.get(index) {
+            Some(Some(r)) if r.lkey == key => Ok(r),
+            _ => Err(MrError::InvalidKey),
+        }
+    }
+
+    /// The region a key names, writable.
+    pub fn get_mut(&mut self, key: u32) -> Result<&mut MemoryRegion, MrError> {
+        let index = (key >> 8) as usize;
+        match self.slots.get_mut(index) {
+            Some(Some(r)) if r.lkey == key => Ok(r),
+            _ => Err(MrError::InvalidKey),
+        }
+    }
+
+    /// Checks a remote access as the responder must: key, protection domain, bounds, rights,
+    /// and 8-byte alignment for atomics. Returns the region's offset for `va`.
+    pub fn check_remote(
+        &self,
+        pd: PdHandle,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<usize, MrError> {
+        let r = self.get(rkey)?;
+        if r.pd != pd {
+            return Err(MrError::PdMismatch);
+        }
+        if !r.access.contains(need) {
+            return Err(MrError::AccessDenied);
+        }
+        if need.contains(Access::REMOTE_ATOMIC) && !va.is_multiple_of(8) {
+            return Err(MrError::Misaligned);
+        }
+        r.offset(va, len)
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True when no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (MrTable, PdHandle) {
+        let mut t = MrTable::new();
+        let pd = t.alloc_pd();
+        (t, pd)
+    }
+
+    #[test]
+    fn remote_checks_cover_key_pd_bounds_rights_alignment() {
+        let (mut t, pd) = table();
+        let other = t.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let k = t
+            .register(pd, 0x1000, Box::new(vec![0u8; 4096]), rw)
+            .unwrap();
+        assert_eq!(
+            t.check_remote(pd, k, 0x1000, 4096, Access::REMOTE_WRITE),
+            Ok(0)
+        );
+        assert_eq!(
+            t.check_remote(pd, k, 0x1ff8, 8, Access::REMOTE_READ),
+            Ok(0xff8)
+        );
+        assert_eq!(
+            t.check_remote(pd, k, 0x1ff9, 8, Access::REMOTE_READ),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(pd, k, 0xfff, 1, Access::REMOTE_READ),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(pd, k, u64::MAX, 2, Access::REMOTE_READ),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(pd, k, 0x1000, 8, Access::REMOTE_ATOMIC),
+            Err(MrError::AccessDenied)
+        );
+        assert_eq!(
+            t.check_remote(other, k, 0x1000, 8, Access::REMOTE_READ),
+            Err(MrError::PdMismatch)
+        );
+        assert_eq!(
+            t.check_remote(pd, k ^ 1, 0x1000, 8, Access::REMOTE_READ),
+            Err(MrError::InvalidKey)
+        );
+        let a = t
+            .register(
+                pd,
+                0x9000,
+                Box::new(vec![0u8; 64]),
+                Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+            )
+            .unwrap();
+        assert_eq!(
+            t.check_remote(pd, a, 0x9008, 8, Access::REMOTE_ATOMIC),
+            Ok(8)
+        );
+        assert_eq!(
+            t.check_remote(pd, a, 0x9004, 8, Access::REMOTE_ATOMIC),
+            Err(MrError::Misaligned)
+        );
+    }
+
+    #[test]
+    fn stale_keys_are_refused_after_reuse() {
+        let (mut t, pd) = table();
+        let k1 = t
+            .register(pd, 0, Box::new(vec![1u8; 8]), Access::NONE)
+            .unwrap();
+        t.deregister(k1).unwrap();
+        let k2 = t
+            .register(pd, 0, Box::new(vec![2u8; 8]), Access::NONE)
+            .unwrap();
+        assert_eq!(k1 >> 8, k2 >> 8, "the slot is reused");
+        assert_ne!(k1, k2);
+        assert_eq!(t.get(k1).err(), Some(MrError::InvalidKey));
+        assert_eq!(t.get(k2).unwrap().slice(0, 8).unwrap(), &[2u8; 8]);
+        assert_eq!(t.deregister(k1).err(), Some(MrError::InvalidKey));
+    }
+
+    #[test]
+    fn registration_rules() {
+        let (mut t, pd) = table();
+        assert_eq!(
+            t.register(pd, 0, Box::new(vec![0u8; 8]), Access::REMOTE_WRITE)
+                .err(),
+            Some(MrError::BadAccessFlags),
+            "remote write needs local write"
+        );
+        assert_eq!(
+            t.register(PdHandle(9), 0, Box::new(vec![0u8; 8]), Access::NONE)
+                .err(),
+            Some(MrError::NoSuchPd)
+        );
+        let k = t
+            .register(pd, 0, Box::new(vec![0u8; 8]), Access::NONE)
+            .unwrap();
+        assert_eq!(t.dealloc_pd(pd), Err(MrError::Busy));
+        t.deregister(k).unwrap();
+        assert_eq!(t.dealloc_pd(pd), Ok(()));
+        assert!(t.is_empty());
+    }
+}
