@@ -12,3 +12,4 @@
 pub mod cq;
 pub mod mr;
 pub mod qp;
+pub mod wr;

@@ -1,0 +1,589 @@
+//! Work requests and how the requester cuts them into packets.
+//!
+//! [`plan`] is the pure part of the requester: from a work request's operation and length, the
+//! path MTU and the first PSN, the packets it becomes (opcode, PSN, payload range, AckReq).
+//! A message longer than the MTU goes as FIRST, MIDDLE..., LAST, each FIRST and MIDDLE exactly
+//! one MTU; one that fits is ONLY. An RDMA READ request is one packet but takes one PSN per
+//! response packet it asks for. AckReq is set on the last packet of a message and on every
+//! [`ACK_EVERY`]-th packet of a long one (as rxe does), so a sender never runs far ahead of
+//! acknowledgements. [`gather`] copies a packet's payload out of the SG list's regions.
+
+use super::cq::WcOpcode;
+use super::mr::{MrError, MrTable};
+use super::qp::Mtu;
+use crate::wire::opcode::op;
+use crate::wire::{Psn, atomic_eth, packet::ExtRepr, reth};
+use arrayvec::ArrayVec;
+
+/// Scatter/gather entries per work request.
+pub const MAX_SGE: usize = 8;
+/// A packet in every this many of a message asks for an ACK.
+pub const ACK_EVERY: u32 = 64;
+
+/// One scatter/gather entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address in a local region.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u32,
+    /// The region's local key.
+    pub lkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm(u32),
+    /// SEND that invalidates a remote key.
+    SendWithInv(u32),
+    /// RDMA WRITE.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ into the SG list.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// Compare and swap 8 bytes; the original value lands in the SG list.
+    CmpSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Fetch and add 8 bytes; the original value lands in the SG list.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode.
+    pub fn wc_opcode(self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// True for READ and atomics (they count against max_rd_atomic).
+    pub fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+}
+
+/// A send work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Where the data is (or, for READ and atomics, where the result goes).
+    pub sg: ArrayVec<Sge, MAX_SGE>,
+    /// Generate a completion on success.
+    pub signaled: bool,
+    /// Ask the remote to raise a solicited event.
+    pub solicited: bool,
+}
+
+impl SendWr {
+    /// Total bytes of the SG list.
+    pub fn length(&self) -> u64 {
+        self.sg.iter().map(|s| s.length as u64).sum()
+    }
+}
+
+/// A receive work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where received data goes.
+    pub sg: ArrayVec<Sge, MAX_SGE>,
+}
+
+/// Why a work request cannot be posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WrError {
+    /// Longer than a message may be (2^31 bytes).
+    #[error("message too long")]
+    TooLong,
+    /// Atomics move exactly 8 bytes to an 8-byte-aligned address.
+    #[error("atomics need an 8-byte SG list and an aligned remote address")]
+    BadAtomic,
+}
+
+/// One packet of a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketPlan {
+    /// BTH opcode.
+    pub opcode: u8,
+    /// PSN.
+    pub psn: Psn,
+    /// Offset of this packet's payload in the message.
+    pub offset: u32,
+    /// Payload bytes.
+    pub len: u32,
+    /// Ask for an ACK.
+    pub ack_req: bool,
+    /// First packet of the message.
+    pub first: bool,
+    /// Last packet of the message.
+    pub last: bool,
+}
+
+/// The packets of one message, and the PSNs it uses; packets are computed on demand
+/// ([`Plan::packet`]), so a 1 MiB message costs nothing to plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// PSNs the message consumes (READ: one per response packet).
+    pub psns: u32,
+    /// Packets in the message (for SEND/WRITE: the packets; READ and atomics: 1).
+    pub count: u32,
+    first_psn: Psn,
+    len: u32,
+    mtu: u32,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Send { imm: bool, inv: bool },
+    Write { imm: bool },
+    Single(u8),
+}
+
+/// Plans a message of `len` bytes starting at `first_psn`.
+pub fn plan(opv: SendOp, len: u64, mtu: Mtu, first_psn: Psn) -> Result<Plan, WrError> {
+    if len > 1 << 31 {
+        return Err(WrError::TooLong);
+    }
+    let len = len as u32;
+    let m = mtu.bytes();
+    let segments = len.div_ceil(m).max(1);
+    let (kind, count, psns) = match opv {
+        SendOp::Send => (
+            Kind::Send {
+                imm: false,
+                inv: false,
+            },
+            segments,
+            segments,
+        ),
+        SendOp::SendWithImm(_) => (
+            Kind::Send {
+                imm: true,
+                inv: false,
+            },
+            segments,
+            segments,
+        ),
+        SendOp::SendWithInv(_) => (
+            Kind::Send {
+                imm: false,
+                inv: true,
+            },
+            segments,
+            segments,
+        ),
+        SendOp::Write { .. } => (Kind::Write { imm: false }, segments, segments),
+        SendOp::WriteWithImm { .. } => (Kind::Write { imm: true }, segments, segments),
+        SendOp::Read { .. } => (Kind::Single(op::RC_READ_REQUEST), 1, segments),
+        SendOp::CmpSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
+            if len != 8 || !remote_addr.is_multiple_of(8) {
+                return Err(WrError::BadAtomic);
+            }
+            let o = if matches!(opv, SendOp::CmpSwap { .. }) {
+                op::RC_CMP_SWAP
+            } else {
+                op::RC_FETCH_ADD
+            };
+            (Kind::Single(o), 1, 1)
+        }
+    };
+    Ok(Plan {
+        psns,
+        count,
+        first_psn,
+        len,
+        mtu: m,
+        kind,
+    })
+}
+
+impl Plan {
+    /// Packet `i` (0-based) of the message.
+    pub fn packet(&self, i: u32) -> PacketPlan {
+        debug_assert!(i < self.count);
+        let first = i == 0;
+        let last = i + 1 == self.count;
+        let psn = self.first_psn.add(i);
+        let (opcode, offset, len) = match self.kind {
+            // READ requests and atomics carry no payload.
+            Kind::Single(o) => (o, 0, 0),
+            Kind::Send { imm, inv } => {
+                let o = match (first, last) {
+                    (true, true) if imm => op::RC_SEND_ONLY_IMM,
+                    (true, true) if inv => op::RC_SEND_ONLY_INV,
+                    (true, true) => op::RC_SEND_ONLY,
+                    (true, false) => op::RC_SEND_FIRST,
+                    (false, false) => op::RC_SEND_MIDDLE,
+                    (false, true) if imm => op::RC_SEND_LAST_IMM,
+                    (false, true) if inv => op::RC_SEND_LAST_INV,
+                    (false, true) => op::RC_SEND_LAST,
+                };
+                (o, i * self.mtu, self.seg_len(i))
+            }
+            Kind::Write { imm } => {
+                let o = match (first, last) {
+                    (true, true) if imm => op::RC_WRITE_ONLY_IMM,
+                    (true, true) => op::RC_WRITE_ONLY,
+                    (true, false) => op::RC_WRITE_FIRST,
+                    (false, false) => op::RC_WRITE_MIDDLE,
+                    (false, true) if imm => op::RC_WRITE_LAST_IMM,
+                    (false, true) => op::RC_WRITE_LAST,
+                };
+                (o, i * self.mtu, self.seg_len(i))
+            }
+        };
+        let ack_req = last || (i + 1).is_multiple_of(ACK_EVERY);
+        PacketPlan {
+            opcode,
+            psn,
+            offset,
+            len,
+            ack_req,
+            first,
+            last,
+        }
+    }
+
+    fn seg_len(&self, i: u32) -> u32 {
+        (self.len - i * self.mtu).min(self.mtu)
+    }
+
+    /// Every packet, in order.
+    pub fn iter(&self) -> impl Iterator<Item = PacketPlan> + '_ {
+        (0..self.count).map(|i| self.packet(i))
+    }
+}
+
+/// The extension headers of a request packet.
+pub fn ext_headers(opv: SendOp, p: &PacketPlan, total_len: u64) -> ExtRepr {
+    let mut e = ExtRepr::default();
+    match opv {
+        SendOp::SendWithImm(imm) if p.last => e.immdt = Some(imm),
+        SendOp::SendWithInv(k) if p.last => e.ieth = Some(k),
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } if p.first => {
+            e.reth = Some(reth::Repr {
+                va: remote_addr,
+                rkey,
+                dma_len: total_len as u32,
+            });
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            e.reth = Some(reth::Repr {
+                va: remote_addr,
+                rkey,
+                dma_len: total_len as u32,
+            })
+        }
+        SendOp::CmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            e.atomic_eth = Some(atomic_eth::Repr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            })
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            e.atomic_eth = Some(atomic_eth::Repr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            })
+        }
+        _ => {}
+    }
+    if let SendOp::WriteWithImm { imm, .. } = opv
+        && p.last
+    {
+        e.immdt = Some(imm);
+    }
+    e
+}
+
+/// Copies `len` bytes at `offset` of the message described by `sg` into `out`, checking each
+/// region's key and bounds (a failure is a local protection error).
+pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Result<(), MrError> {
+    let mut done = 0;
+    for s in sg {
+        if done == out.len() {
+            break;
+        }
+        if offset >= s.length as u64 {
+            offset -= s.length as u64;
+            continue;
+        }
+        let take = ((s.length as u64 - offset) as usize).min(out.len() - done);
+        let r = mrs.get(s.lkey)?;
+        out[done..done + take].copy_from_slice(r.slice(s.addr + offset, take)?);
+        done += take;
+        offset = 0;
+    }
+    if done == out.len() {
+        Ok(())
+    } else {
+        Err(MrError::OutOfBounds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::mr::Access;
+    use crate::wire::opcode::lookup;
+
+    fn names(p: &Plan) -> Vec<(&'static str, u32, u32, bool)> {
+        p.iter()
+            .map(|k| (lookup(k.opcode).name, k.psn.value(), k.len, k.ack_req))
+            .collect()
+    }
+
+    #[test]
+    fn send_segments_by_mtu() {
+        let p = plan(SendOp::Send, 2500, Mtu::M1024, Psn::new(10)).unwrap();
+        assert_eq!(
+            names(&p),
+            vec![
+                ("RC SEND First", 10, 1024, false),
+                ("RC SEND Middle", 11, 1024, false),
+                ("RC SEND Last", 12, 452, true)
+            ]
+        );
+        let p = plan(SendOp::SendWithImm(7), 1024, Mtu::M1024, Psn::new(0)).unwrap();
+        assert_eq!(
+            names(&p),
+            vec![("RC SEND Only with Immediate", 0, 1024, true)]
+        );
+        let p = plan(SendOp::Send, 0, Mtu::M256, Psn::new(0)).unwrap();
+        assert_eq!(
+            names(&p),
+            vec![("RC SEND Only", 0, 0, true)],
+            "zero-length messages are ONLY"
+        );
+        let p = plan(SendOp::SendWithInv(0x42), 300, Mtu::M256, Psn::new(0)).unwrap();
+        assert_eq!(
+            lookup(p.packet(1).opcode).name,
+            "RC SEND Last with Invalidate"
+        );
+        assert_eq!(
+            ext_headers(SendOp::SendWithInv(0x42), &p.packet(1), 300).ieth,
+            Some(0x42)
+        );
+    }
+
+    #[test]
+    fn write_carries_reth_first_and_imm_last() {
+        let opv = SendOp::WriteWithImm {
+            remote_addr: 0x1000,
+            rkey: 9,
+            imm: 5,
+        };
+        let p = plan(opv, 4096 + 1, Mtu::M4096, Psn::new(0)).unwrap();
+        let pk: Vec<_> = p.iter().collect();
+        assert_eq!(lookup(pk[0].opcode).name, "RC RDMA WRITE First");
+        assert_eq!(
+            lookup(pk[1].opcode).name,
+            "RC RDMA WRITE Last with Immediate"
+        );
+        let e0 = ext_headers(opv, &pk[0], 4097);
+        assert_eq!(
+            e0.reth,
+            Some(reth::Repr {
+                va: 0x1000,
+                rkey: 9,
+                dma_len: 4097
+            })
+        );
+        assert_eq!(e0.immdt, None);
+        let e1 = ext_headers(opv, &pk[1], 4097);
+        assert_eq!((e1.reth, e1.immdt), (None, Some(5)));
+    }
+
+    #[test]
+    fn read_takes_a_psn_per_response_packet() {
+        let p = plan(
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: 1,
+            },
+            4096,
+            Mtu::M1024,
+            Psn::new(100),
+        )
+        .unwrap();
+        assert_eq!((p.count, p.psns), (1, 4));
+        assert_eq!(names(&p), vec![("RC RDMA READ Request", 100, 0, true)]);
+        let p = plan(
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: 1,
+            },
+            0,
+            Mtu::M1024,
+            Psn::new(0),
+        )
+        .unwrap();
+        assert_eq!(p.psns, 1, "a zero-length READ still takes one PSN");
+    }
+
+    #[test]
+    fn atomics_are_single_packets_of_eight_aligned_bytes() {
+        let cs = SendOp::CmpSwap {
+            remote_addr: 0x10,
+            rkey: 3,
+            compare: 1,
+            swap: 2,
+        };
+        let p = plan(cs, 8, Mtu::M256, Psn::new(0)).unwrap();
+        assert_eq!(names(&p), vec![("RC CmpSwap", 0, 0, true)]);
+        let e = ext_headers(cs, &p.packet(0), 8).atomic_eth.unwrap();
+        assert_eq!((e.compare, e.swap_add), (1, 2));
+        assert_eq!(plan(cs, 4, Mtu::M256, Psn::new(0)), Err(WrError::BadAtomic));
+        let fa = SendOp::FetchAdd {
+            remote_addr: 0x14,
+            rkey: 3,
+            add: 1,
+        };
+        assert_eq!(plan(fa, 8, Mtu::M256, Psn::new(0)), Err(WrError::BadAtomic));
+    }
+
+    #[test]
+    fn psns_wrap_inside_a_message_and_long_messages_ask_for_acks() {
+        let p = plan(
+            SendOp::Write {
+                remote_addr: 0,
+                rkey: 1,
+            },
+            256 * 130,
+            Mtu::M256,
+            Psn::new(0xff_fffe),
+        )
+        .unwrap();
+        let psns: Vec<u32> = p.iter().map(|k| k.psn.value()).take(4).collect();
+        assert_eq!(psns, vec![0xff_fffe, 0xff_ffff, 0, 1]);
+        let acks: Vec<u32> = p
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.ack_req)
+            .map(|(i, _)| i as u32)
+            .collect();
+        assert_eq!(acks, vec![63, 127, 129]);
+        assert_eq!(
+            plan(SendOp::Send, (1 << 31) + 1, Mtu::M4096, Psn::new(0)),
+            Err(WrError::TooLong)
+        );
+    }
+
+    #[test]
+    fn gather_walks_the_sg_list_and_checks_keys() {
+        let mut t = MrTable::new();
+        let pd = t.alloc_pd();
+        let a = t
+            .register(
+                pd,
+                0x1000,
+                Box::new((0u8..100).collect::<Vec<u8>>()),
+                Access::NONE,
+            )
+            .unwrap();
+        let b = t
+            .register(
+                pd,
+                0x9000,
+                Box::new((100u8..200).collect::<Vec<u8>>()),
+                Access::NONE,
+            )
+            .unwrap();
+        let sg = [
+            Sge {
+                addr: 0x1000 + 90,
+                length: 10,
+                lkey: a,
+            },
+            Sge {
+                addr: 0x9000,
+                length: 50,
+                lkey: b,
+            },
+        ];
+        let mut out = [0u8; 20];
+        gather(&t, &sg, 5, &mut out).unwrap();
+        let want: Vec<u8> = (95u8..100).chain(100..115).collect();
+        assert_eq!(&out[..], &want[..]);
+        let bad = [Sge {
+            addr: 0x1000,
+            length: 10,
+            lkey: a ^ 0x2,
+        }]; // same slot, wrong tag
+        assert_eq!(gather(&t, &bad, 0, &mut out[..4]), Err(MrError::InvalidKey));
+        let oob = [Sge {
+            addr: 0x1000 + 95,
+            length: 10,
+            lkey: a,
+        }];
+        assert_eq!(
+            gather(&t, &oob, 0, &mut out[..10]),
+            Err(MrError::OutOfBounds)
+        );
+    }
+}
