@@ -12,4 +12,5 @@
 pub mod cq;
 pub mod mr;
 pub mod qp;
+pub mod resp_check;
 pub mod wr;
