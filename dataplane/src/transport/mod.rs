@@ -13,4 +13,5 @@ pub mod cq;
 pub mod mr;
 pub mod qp;
 pub mod resp_check;
+pub mod timers;
 pub mod wr;
