@@ -20,6 +20,7 @@ pub mod dpdk;
 pub mod lcore;
 pub mod net;
 pub mod port;
+pub mod sim;
 pub mod time;
 pub mod transport;
 pub mod wire;
