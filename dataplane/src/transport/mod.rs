@@ -12,6 +12,7 @@
 pub mod cq;
 pub mod mr;
 pub mod qp;
+pub mod rc;
 pub mod resp_check;
 pub mod timers;
 pub mod wr;

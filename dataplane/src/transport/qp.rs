@@ -75,6 +75,8 @@ pub struct Path {
     pub local_ip: IpAddr,
     /// The remote GID.
     pub remote_ip: IpAddr,
+    /// Our port's MAC.
+    pub local_mac: [u8; 6],
     /// The remote MAC (or the next hop's).
     pub remote_mac: [u8; 6],
     /// UDP source port for this QP's packets.
@@ -397,6 +399,7 @@ mod tests {
         Path {
             local_ip: "10.0.0.1".parse().unwrap(),
             remote_ip: "10.0.0.2".parse().unwrap(),
+            local_mac: [2, 0, 0, 0, 0, 1],
             remote_mac: [2, 0, 0, 0, 0, 2],
             udp_sport: 0xc000,
             dscp: 26,

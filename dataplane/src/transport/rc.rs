@@ -1,0 +1,821 @@
+//! A reliable-connection QP, sans-IO: requester, responder and completer over the objects in
+//! this module's siblings. This first version carries every opcode on a clean network (no
+//! loss): requests are planned on demand from the posted work requests (so go-back-N
+//! retransmission can later regenerate any packet from its PSN), the responder runs the chain
+//! of checks and executes, and the completer matches ACKs, READ responses and atomic ACKs to
+//! work requests and completes them in order. A remote access NAK completes the request in
+//! error, moves the QP to ERR and flushes the rest. Retransmission, RNR waits, duplicate
+//! handling and ACK timeouts come next.
+//!
+//! The caller owns the memory regions and the CQs and passes them in; frames come in and go
+//! out as bytes through the wire code.
+
+use super::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
+use super::mr::{MrError, MrTable, PdHandle};
+use super::qp::{QpConfig, QpState};
+use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
+use super::wr::{Plan, RecvWr, SendOp, SendWr, WrError, ext_headers, gather, plan};
+use crate::wire::aeth::{self, NakCode, Syndrome};
+use crate::wire::ipv4::{self, Ecn};
+use crate::wire::opcode::{mask, op};
+use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, parse};
+use crate::wire::{Psn, atomic_ack_eth, bth, eth, ipv6, udp};
+use std::collections::VecDeque;
+
+/// Why a post was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The QP is not in a state that takes this post.
+    #[error("QP state does not allow this post")]
+    BadState,
+    /// The queue is full.
+    #[error("queue full")]
+    Full,
+    /// The work request itself is invalid.
+    #[error(transparent)]
+    Wr(#[from] WrError),
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr,
+    plan: Plan,
+    first_psn: Psn,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.plan.psns - 1)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Response {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Read {
+        psn: Psn,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        next: u32,
+        count: u32,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// One RC queue pair.
+#[derive(Debug)]
+pub struct RcQp {
+    /// Our QP number.
+    pub qpn: u32,
+    /// Its protection domain.
+    pub pd: PdHandle,
+    /// Attributes and state.
+    pub cfg: QpConfig,
+    max_send_wr: usize,
+    max_recv_wr: usize,
+    // Requester and completer.
+    sq: VecDeque<SendWqe>,
+    send_idx: usize,
+    send_pkt: u32,
+    next_psn: Psn,
+    rd_atomic_inflight: u8,
+    // Responder.
+    rq: VecDeque<RecvWr>,
+    recv_cur: Option<(RecvWr, u64)>,
+    write_cur: Option<(u32, u64)>,
+    write_len: u32,
+    in_message: InMessage,
+    nak_sent: bool,
+    msn: u32,
+    rd_atomic_outstanding: u8,
+    responses: VecDeque<Response>,
+}
+
+impl RcQp {
+    /// A QP in RESET.
+    pub fn new(qpn: u32, pd: PdHandle, max_send_wr: usize, max_recv_wr: usize) -> Self {
+        RcQp {
+            qpn,
+            pd,
+            cfg: QpConfig::default(),
+            max_send_wr,
+            max_recv_wr,
+            sq: VecDeque::with_capacity(max_send_wr),
+            send_idx: 0,
+            send_pkt: 0,
+            next_psn: Psn::new(0),
+            rd_atomic_inflight: 0,
+            rq: VecDeque::with_capacity(max_recv_wr),
+            recv_cur: None,
+            write_cur: None,
+            write_len: 0,
+            in_message: InMessage::None,
+            nak_sent: false,
+            msn: 0,
+            rd_atomic_outstanding: 0,
+            responses: VecDeque::new(),
+        }
+    }
+
+    /// Applies a modify (see [`QpConfig::modify`]) and takes the new PSNs.
+    pub fn modify(&mut self, a: &super::qp::QpAttr) -> Result<(), super::qp::ModifyError> {
+        self.cfg.modify(a)?;
+        if a.sq_psn.is_some() {
+            self.next_psn = self.cfg.sq_psn;
+        }
+        Ok(())
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        if !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
+            return Err(PostError::BadState);
+        }
+        if self.sq.len() >= self.max_send_wr {
+            return Err(PostError::Full);
+        }
+        let mtu = self.cfg.path_mtu.ok_or(PostError::BadState)?;
+        let p = plan(wr.op, wr.length(), mtu, self.next_psn)?;
+        let first_psn = self.next_psn;
+        self.next_psn = self.next_psn.add(p.psns);
+        self.sq.push_back(SendWqe {
+            wr,
+            plan: p,
+            first_psn,
+        });
+        Ok(())
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.cfg.state == QpState::Reset {
+            return Err(PostError::BadState);
+        }
+        if self.rq.len() >= self.max_recv_wr {
+            return Err(PostError::Full);
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Work requests posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.sq.len()
+    }
+
+    fn repr(&self, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
+        let p = self.cfg.path?;
+        let ip = match (p.local_ip, p.remote_ip) {
+            (core::net::IpAddr::V4(s), core::net::IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
+                dscp: p.dscp,
+                ecn: Ecn::from_bits(p.ecn),
+                ident: 0,
+                flags_frag: 0x4000,
+                ttl: 64,
+                protocol: ipv4::PROTO_UDP,
+                src: s,
+                dst: d,
+            }),
+            (core::net::IpAddr::V6(s), core::net::IpAddr::V6(d)) => IpRepr::V6(ipv6::Repr {
+                traffic_class: p.dscp << 2 | p.ecn,
+                flow_label: 0,
+                next_header: ipv4::PROTO_UDP,
+                hop_limit: 64,
+                src: s,
+                dst: d,
+            }),
+            _ => return None,
+        };
+        Some(RoceRepr {
+            eth: eth::Repr {
+                dst: p.remote_mac,
+                src: p.local_mac,
+                vlan: p.vlan.map(|(vid, pcp)| eth::VlanTag {
+                    pcp,
+                    dei: false,
+                    vid,
+                }),
+                ethertype: 0,
+            },
+            ip,
+            udp: udp::Repr {
+                src_port: p.udp_sport,
+                dst_port: udp::ROCEV2_PORT,
+                checksum: 0,
+            },
+            bth,
+            ext,
+        })
+    }
+
+    /// Emits a frame with `payload_len` bytes filled by `fill` into `out`.
+    fn emit(
+        &self,
+        out: &mut Vec<u8>,
+        bth: bth::Repr,
+        ext: ExtRepr,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
+    ) -> Option<Result<(), MrError>> {
+        let r = self.repr(bth, ext)?;
+        let h = r.header_len();
+        out.clear();
+        out.resize(r.frame_len(payload_len), 0);
+        if let Err(e) = fill(&mut out[h..h + payload_len]) {
+            return Some(Err(e));
+        }
+        r.emit(out, payload_len, false).ok()?;
+        if let IpRepr::V6(ip) = &r.ip {
+            let at = r.eth.buffer_len() + ipv6::HEADER_LEN;
+            let c = udp::checksum_v6(&ip.src, &ip.dst, &out[at..]);
+            out[at + 6..at + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        Some(Ok(()))
+    }
+
+    fn bth(&self, opcode: u8, psn: Psn, ack_req: bool, se: bool) -> bth::Repr {
+        bth::Repr {
+            opcode,
+            se,
+            pkey: bth::DEFAULT_PKEY,
+            dest_qp: self.cfg.dest_qp,
+            ack_req,
+            psn,
+            ..Default::default()
+        }
+    }
+
+    /// Writes the next frame to send into `out`; false if there is nothing to send. Responses
+    /// go before new requests.
+    pub fn poll_transmit(
+        &mut self,
+        mrs: &MrTable,
+        cq: &mut CompletionQueue,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        if self.cfg.path.is_none() {
+            return false;
+        }
+        if let Some(r) = self.responses.pop_front() {
+            return self.send_response(r, mrs, out);
+        }
+        if self.cfg.state != QpState::Rts || self.send_idx >= self.sq.len() {
+            return false;
+        }
+        let w = &self.sq[self.send_idx];
+        if w.wr.op.is_read_or_atomic()
+            && self.send_pkt == 0
+            && self.rd_atomic_inflight >= self.cfg.max_rd_atomic
+        {
+            return false;
+        }
+        let pk = w.plan.packet(self.send_pkt);
+        let opv = w.wr.op;
+        let ext = ext_headers(opv, &pk, w.wr.length());
+        let b = self.bth(pk.opcode, pk.psn, pk.ack_req, w.wr.solicited && pk.last);
+        let sg = w.wr.sg.clone();
+        let payload = if matches!(
+            opv,
+            SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
+        ) {
+            0
+        } else {
+            pk.len as usize
+        };
+        match self.emit(out, b, ext, payload, |dst| {
+            gather(mrs, &sg, pk.offset as u64, dst)
+        }) {
+            Some(Ok(())) => {}
+            Some(Err(_)) => {
+                // The local SG list is bad: complete in error and stop the QP.
+                self.fail_front(self.send_idx, WcStatus::LocProtErr, cq);
+                return false;
+            }
+            None => return false,
+        }
+        if pk.last {
+            if opv.is_read_or_atomic() {
+                self.rd_atomic_inflight += 1;
+            }
+            self.send_idx += 1;
+            self.send_pkt = 0;
+        } else {
+            self.send_pkt += 1;
+        }
+        true
+    }
+
+    fn send_response(&mut self, r: Response, mrs: &MrTable, out: &mut Vec<u8>) -> bool {
+        match r {
+            Response::Ack { psn, syndrome, msn } => {
+                let ext = ExtRepr {
+                    aeth: Some(aeth::Repr { syndrome, msn }),
+                    ..Default::default()
+                };
+                matches!(
+                    self.emit(
+                        out,
+                        self.bth(op::RC_ACK, psn, false, false),
+                        ext,
+                        0,
+                        |_| Ok(())
+                    ),
+                    Some(Ok(()))
+                )
+            }
+            Response::Atomic { psn, orig, msn } => {
+                let ext = ExtRepr {
+                    aeth: Some(aeth::Repr {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn,
+                    }),
+                    atomic_ack: Some(atomic_ack_eth::Repr { orig }),
+                    ..Default::default()
+                };
+                matches!(
+                    self.emit(
+                        out,
+                        self.bth(op::RC_ATOMIC_ACK, psn, false, false),
+                        ext,
+                        0,
+                        |_| Ok(())
+                    ),
+                    Some(Ok(()))
+                )
+            }
+            Response::Read {
+                psn,
+                rkey,
+                va,
+                len,
+                next,
+                count,
+                msn,
+            } => {
+                let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes());
+                let (first, last) = (next == 0, next + 1 == count);
+                let opcode = match (first, last) {
+                    (true, true) => op::RC_READ_RESPONSE_ONLY,
+                    (true, false) => op::RC_READ_RESPONSE_FIRST,
+                    (false, false) => op::RC_READ_RESPONSE_MIDDLE,
+                    (false, true) => op::RC_READ_RESPONSE_LAST,
+                };
+                let off = next * mtu;
+                let n = (len - off).min(mtu) as usize;
+                let ext = if first || last {
+                    ExtRepr {
+                        aeth: Some(aeth::Repr {
+                            syndrome: Syndrome::Ack { credits: 31 },
+                            msn,
+                        }),
+                        ..Default::default()
+                    }
+                } else {
+                    ExtRepr::default()
+                };
+                let b = self.bth(opcode, psn.add(next), false, false);
+                let ok = matches!(
+                    self.emit(out, b, ext, n, |dst| {
+                        dst.copy_from_slice(mrs.get(rkey)?.slice(va + off as u64, n)?);
+                        Ok(())
+                    }),
+                    Some(Ok(()))
+                );
+                if !last {
+                    self.responses.push_front(Response::Read {
+                        psn,
+                        rkey,
+                        va,
+                        len,
+                        next: next + 1,
+                        count,
+                        msn,
+                    });
+                } else {
+                    self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
+                }
+                ok
+            }
+        }
+    }
+
+    /// Handles a received frame addressed to this QP.
+    pub fn handle_frame(
+        &mut self,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        send_cq: &mut CompletionQueue,
+        recv_cq: &mut CompletionQueue,
+    ) {
+        let Ok(info) = parse(frame, Checks::ALL) else {
+            return;
+        };
+        if info.dest_qp != self.qpn {
+            return;
+        }
+        if info.op.has(mask::REQ) {
+            if matches!(
+                self.cfg.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ) {
+                self.respond(&info, frame, mrs, recv_cq);
+            }
+        } else if info.op.has(mask::ACK) {
+            self.complete(&info, frame, mrs, send_cq);
+        }
+    }
+
+    fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+        let msn = self.msn;
+        if let (
+            true,
+            Some(Response::Ack {
+                psn: p,
+                syndrome: s,
+                msn: m,
+            }),
+        ) = (syndrome.is_ack(), self.responses.back_mut())
+            && s.is_ack()
+        {
+            // Coalesce: one ACK covers every PSN up to it.
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        self.responses
+            .push_back(Response::Ack { psn, syndrome, msn });
+    }
+
+    fn respond(
+        &mut self,
+        info: &PacketInfo,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        recv_cq: &mut CompletionQueue,
+    ) {
+        let req = Request {
+            opcode: info.opcode,
+            psn: info.psn,
+            payload_len: info.payload_len as u32,
+            reth: info.reth(frame),
+            atomic: info.atomic_eth(frame),
+        };
+        let st = ResponderState {
+            expected: self.cfg.rq_psn,
+            nak_sent: self.nak_sent,
+            in_message: self.in_message,
+            access: self.cfg.access,
+            pd: self.pd,
+            mtu: match self.cfg.path_mtu {
+                Some(m) => m,
+                None => return,
+            },
+            rd_atomic_outstanding: self.rd_atomic_outstanding,
+            max_dest_rd_atomic: self.cfg.max_dest_rd_atomic,
+            min_rnr_timer: self.cfg.min_rnr_timer,
+            recv_available: !self.rq.is_empty(),
+        };
+        let off = match check(&st, &req, mrs) {
+            Verdict::Execute { mr_offset } => mr_offset,
+            Verdict::Duplicate => {
+                self.push_ack(self.cfg.rq_psn.sub(1), Syndrome::Ack { credits: 31 });
+                return;
+            }
+            Verdict::Drop => return,
+            Verdict::Nak(code) => {
+                if code == NakCode::PsnSequenceError {
+                    self.nak_sent = true;
+                }
+                self.push_ack(self.cfg.rq_psn, Syndrome::Nak(code));
+                if code != NakCode::PsnSequenceError {
+                    self.cfg.state = QpState::Err;
+                }
+                return;
+            }
+            Verdict::RnrNak(t) => {
+                self.push_ack(self.cfg.rq_psn, Syndrome::RnrNak { timer: t });
+                return;
+            }
+        };
+        self.nak_sent = false;
+        let o = info.op;
+        let payload = info.payload(frame);
+        if o.has(mask::SEND) {
+            if o.has(mask::FIRST) {
+                self.recv_cur = self.rq.pop_front().map(|w| (w, 0));
+            }
+            let Some((wr, at)) = self.recv_cur.as_mut() else {
+                return;
+            };
+            if scatter(mrs, &wr.sg, *at, payload).is_err() {
+                let wr_id = wr.wr_id;
+                let _ = recv_cq.push(wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, self.qpn));
+                self.recv_cur = None;
+                self.push_ack(info.psn, Syndrome::Nak(NakCode::InvalidRequest));
+                self.cfg.state = QpState::Err;
+                return;
+            }
+            *at += payload.len() as u64;
+            self.in_message = if o.has(mask::LAST) {
+                InMessage::None
+            } else {
+                InMessage::Send
+            };
+            if o.has(mask::LAST) {
+                let (wr, len) = self.recv_cur.take().expect("receive in progress");
+                let mut c = wc(
+                    wr.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    len as u32,
+                    self.qpn,
+                );
+                c.imm_data = info.immdt(frame);
+                c.invalidated_rkey = info.ieth(frame);
+                let _ = recv_cq.push(c);
+                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            }
+        } else if o.has(mask::WRITE) {
+            if let Some(r) = req.reth {
+                self.write_cur = Some((r.rkey, r.va));
+                self.write_len = r.dma_len;
+                debug_assert!(mrs.get(r.rkey).is_ok_and(|m| m.offset(r.va, 0) == Ok(off)));
+            }
+            let Some((rkey, va)) = self.write_cur else {
+                return;
+            };
+            match mrs
+                .get_mut(rkey)
+                .and_then(|m| m.slice_mut(va, payload.len()))
+            {
+                Ok(dst) => dst.copy_from_slice(payload),
+                Err(_) => {
+                    self.push_ack(info.psn, Syndrome::Nak(NakCode::RemoteAccessError));
+                    self.cfg.state = QpState::Err;
+                    return;
+                }
+            }
+            self.write_cur = Some((rkey, va + payload.len() as u64));
+            self.in_message = if o.has(mask::LAST) {
+                InMessage::None
+            } else {
+                InMessage::Write
+            };
+            if o.has(mask::LAST) {
+                self.write_cur = None;
+                if let Some(imm) = info.immdt(frame)
+                    && let Some(w) = self.rq.pop_front()
+                {
+                    let mut c = wc(
+                        w.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        self.write_len,
+                        self.qpn,
+                    );
+                    c.imm_data = Some(imm);
+                    let _ = recv_cq.push(c);
+                }
+                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            }
+        } else if o.has(mask::READ) {
+            let r = req.reth.expect("checked");
+            let mtu = st.mtu.bytes();
+            let count = r.dma_len.div_ceil(mtu).max(1);
+            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.rd_atomic_outstanding += 1;
+            self.responses
+                .push_back(r_read(info.psn, r.rkey, r.va, r.dma_len, count, self.msn));
+            self.cfg.rq_psn = self.cfg.rq_psn.add(count);
+            return;
+        } else if o.has(mask::ATOMIC) {
+            let a = req.atomic.expect("checked");
+            let Ok(m) = mrs.get_mut(a.rkey) else { return };
+            let Ok(word) = m.slice_mut(a.va, 8) else {
+                return;
+            };
+            let orig = u64::from_le_bytes(word[..8].try_into().expect("8 bytes"));
+            let new = if info.opcode == op::RC_CMP_SWAP {
+                if orig == a.compare { a.swap_add } else { orig }
+            } else {
+                orig.wrapping_add(a.swap_add)
+            };
+            word.copy_from_slice(&new.to_le_bytes());
+            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.responses.push_back(Response::Atomic {
+                psn: info.psn,
+                orig,
+                msn: self.msn,
+            });
+            self.cfg.rq_psn = self.cfg.rq_psn.add(1);
+            return;
+        }
+        self.cfg.rq_psn = self.cfg.rq_psn.add(1);
+        if info.ack_req {
+            self.push_ack(info.psn, Syndrome::Ack { credits: 31 });
+        }
+    }
+
+    fn complete(
+        &mut self,
+        info: &PacketInfo,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        cq: &mut CompletionQueue,
+    ) {
+        let psn = info.psn;
+        let syndrome = info.aeth(frame).map(|a| a.syndrome);
+        if let Some(Syndrome::Nak(code)) = syndrome {
+            // The request at `psn` failed (sequence errors will be go-back-N; not yet).
+            if code != NakCode::PsnSequenceError
+                && let Some(i) = self
+                    .sq
+                    .iter()
+                    .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
+            {
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.complete_upto(i, cq);
+                self.fail_front(0, status, cq);
+            }
+            return;
+        }
+        // READ responses and atomic ACKs carry data for the request they answer.
+        if let Some(i) = self
+            .sq
+            .iter()
+            .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
+        {
+            let w = &self.sq[i];
+            let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
+            if info.op.has(mask::READ) {
+                let at = psn.diff(w.first_psn) as u64 * mtu;
+                if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
+                    self.complete_upto(i, cq);
+                    self.fail_front(0, WcStatus::LocProtErr, cq);
+                    return;
+                }
+                if info.op.has(mask::LAST) {
+                    self.complete_upto(i + 1, cq);
+                }
+                return;
+            }
+            if let Some(a) = info.atomic_ack(frame) {
+                if scatter(mrs, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
+                    self.complete_upto(i, cq);
+                    self.fail_front(0, WcStatus::LocProtErr, cq);
+                    return;
+                }
+                self.complete_upto(i + 1, cq);
+                return;
+            }
+        }
+        // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole.
+        let mut n = 0;
+        for (k, w) in self.sq.iter().enumerate() {
+            if k >= self.send_idx || w.last_psn().diff(psn) > 0 || w.wr.op.is_read_or_atomic() {
+                break;
+            }
+            n = k + 1;
+        }
+        self.complete_upto(n, cq);
+    }
+
+    /// Completes the first `n` work requests successfully.
+    fn complete_upto(&mut self, n: usize, cq: &mut CompletionQueue) {
+        for _ in 0..n {
+            let w = self.sq.pop_front().expect("n <= len");
+            self.send_idx -= 1;
+            if w.wr.op.is_read_or_atomic() {
+                self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+            }
+            if w.wr.signaled {
+                let len = w.wr.length() as u32;
+                let _ = cq.push(wc(
+                    w.wr.wr_id,
+                    WcStatus::Success,
+                    w.wr.op.wc_opcode(),
+                    len,
+                    self.qpn,
+                ));
+            }
+        }
+    }
+
+    /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it).
+    fn fail_front(&mut self, i: usize, status: WcStatus, cq: &mut CompletionQueue) {
+        self.complete_upto(i, cq);
+        if let Some(w) = self.sq.pop_front() {
+            let _ = cq.push(wc(w.wr.wr_id, status, w.wr.op.wc_opcode(), 0, self.qpn));
+        }
+        self.send_idx = 0;
+        self.send_pkt = 0;
+        self.cfg.state = QpState::Err;
+        self.flush(cq);
+    }
+
+    /// Flushes every outstanding work request with WR_FLUSH_ERR (the QP is in ERR).
+    pub fn flush(&mut self, cq: &mut CompletionQueue) {
+        while let Some(w) = self.sq.pop_front() {
+            let _ = cq.push(wc(
+                w.wr.wr_id,
+                WcStatus::WrFlushErr,
+                w.wr.op.wc_opcode(),
+                0,
+                self.qpn,
+            ));
+        }
+        self.send_idx = 0;
+        self.send_pkt = 0;
+    }
+
+    /// Flushes the receive queue with WR_FLUSH_ERR.
+    pub fn flush_recv(&mut self, cq: &mut CompletionQueue) {
+        while let Some(w) = self.rq.pop_front() {
+            let _ = cq.push(wc(
+                w.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                self.qpn,
+            ));
+        }
+    }
+}
+
+fn r_read(psn: Psn, rkey: u32, va: u64, len: u32, count: u32, msn: u32) -> Response {
+    Response::Read {
+        psn,
+        rkey,
+        va,
+        len,
+        next: 0,
+        count,
+        msn,
+    }
+}
+
+fn wc(
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    qp_num: u32,
+) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num,
+    }
+}
+
+/// Copies `data` into the SG list at message offset `at`, checking keys, bounds and local write.
+fn scatter(
+    mrs: &mut MrTable,
+    sg: &[super::wr::Sge],
+    mut at: u64,
+    mut data: &[u8],
+) -> Result<(), MrError> {
+    for s in sg {
+        if data.is_empty() {
+            break;
+        }
+        if at >= s.length as u64 {
+            at -= s.length as u64;
+            continue;
+        }
+        let n = ((s.length as u64 - at) as usize).min(data.len());
+        let r = mrs.get_mut(s.lkey)?;
+        if !r.access.contains(super::mr::Access::LOCAL_WRITE) {
+            return Err(MrError::AccessDenied);
+        }
+        r.slice_mut(s.addr + at, n)?.copy_from_slice(&data[..n]);
+        data = &data[n..];
+        at = 0;
+    }
+    if data.is_empty() {
+        Ok(())
+    } else {
+        Err(MrError::OutOfBounds)
+    }
+}
+
+#[cfg(test)]
+mod tests;
