@@ -1,11 +1,17 @@
 //! A reliable-connection QP, sans-IO: requester, responder and completer over the objects in
-//! this module's siblings. This first version carries every opcode on a clean network (no
-//! loss): requests are planned on demand from the posted work requests (so go-back-N
-//! retransmission can later regenerate any packet from its PSN), the responder runs the chain
-//! of checks and executes, and the completer matches ACKs, READ responses and atomic ACKs to
-//! work requests and completes them in order. A remote access NAK completes the request in
-//! error, moves the QP to ERR and flushes the rest. Retransmission, RNR waits, duplicate
-//! handling and ACK timeouts come next.
+//! this module's siblings.
+//!
+//! Requests are planned on demand from the posted work requests, so go-back-N regenerates any
+//! packet from its PSN. The responder runs the chain of checks and executes; duplicates are
+//! re-ACKed, duplicate READs re-executed from the PSN they ask for, and duplicate atomics
+//! answered from a replay cache of original values (never executed twice). The completer
+//! matches ACKs, READ responses and atomic ACKs to work requests and completes them in order;
+//! a PSN sequence NAK acknowledges everything before it and goes back to it; an RNR NAK waits
+//! the timer it names (rnr_retry tries, 7 = forever); the local ACK timeout (4.096 us *
+//! 2^timeout) goes back to the oldest unacknowledged PSN (retry_cnt tries); other NAKs complete
+//! the request in error, move the QP to ERR and flush the rest. Acknowledgements for PSNs never
+//! sent are ignored. Time is passed in: [`RcQp::poll_timeout`] says when
+//! [`RcQp::handle_timeout`] is due.
 //!
 //! The caller owns the memory regions and the CQs and passes them in; frames come in and go
 //! out as bytes through the wire code.
@@ -15,11 +21,13 @@ use super::mr::{MrError, MrTable, PdHandle};
 use super::qp::{QpConfig, QpState};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{Plan, RecvWr, SendOp, SendWr, WrError, ext_headers, gather, plan};
+use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::ipv4::{self, Ecn};
 use crate::wire::opcode::{mask, op};
 use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, parse};
 use crate::wire::{Psn, atomic_ack_eth, bth, eth, ipv6, udp};
+use arrayvec::ArrayVec;
 use std::collections::VecDeque;
 
 /// Why a post was refused.
@@ -89,6 +97,15 @@ pub struct RcQp {
     send_pkt: u32,
     next_psn: Psn,
     rd_atomic_inflight: u8,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    /// One past the highest PSN ever sent (a rewind does not lower it).
+    sent_hw: Psn,
+    retries_left: u8,
+    rnr_left: u8,
+    ack_deadline: Option<Instant>,
+    rnr_until: Option<Instant>,
+    now: Instant,
     // Responder.
     rq: VecDeque<RecvWr>,
     recv_cur: Option<(RecvWr, u64)>,
@@ -99,6 +116,8 @@ pub struct RcQp {
     msn: u32,
     rd_atomic_outstanding: u8,
     responses: VecDeque<Response>,
+    /// Original values of recent atomics, by PSN, to answer duplicates without re-executing.
+    replay: ArrayVec<(Psn, u64), 16>,
 }
 
 impl RcQp {
@@ -115,6 +134,13 @@ impl RcQp {
             send_pkt: 0,
             next_psn: Psn::new(0),
             rd_atomic_inflight: 0,
+            una: Psn::new(0),
+            sent_hw: Psn::new(0),
+            retries_left: 0,
+            rnr_left: 0,
+            ack_deadline: None,
+            rnr_until: None,
+            now: Instant::ZERO,
             rq: VecDeque::with_capacity(max_recv_wr),
             recv_cur: None,
             write_cur: None,
@@ -124,6 +150,7 @@ impl RcQp {
             msn: 0,
             rd_atomic_outstanding: 0,
             responses: VecDeque::new(),
+            replay: ArrayVec::new(),
         }
     }
 
@@ -132,7 +159,11 @@ impl RcQp {
         self.cfg.modify(a)?;
         if a.sq_psn.is_some() {
             self.next_psn = self.cfg.sq_psn;
+            self.una = self.cfg.sq_psn;
+            self.sent_hw = self.cfg.sq_psn;
         }
+        self.retries_left = self.cfg.retry_cnt;
+        self.rnr_left = self.cfg.rnr_retry;
         Ok(())
     }
 
@@ -259,17 +290,22 @@ impl RcQp {
     /// go before new requests.
     pub fn poll_transmit(
         &mut self,
+        now: Instant,
         mrs: &MrTable,
         cq: &mut CompletionQueue,
         out: &mut Vec<u8>,
     ) -> bool {
+        self.now = self.now.max(now);
         if self.cfg.path.is_none() {
             return false;
         }
         if let Some(r) = self.responses.pop_front() {
             return self.send_response(r, mrs, out);
         }
-        if self.cfg.state != QpState::Rts || self.send_idx >= self.sq.len() {
+        if self.cfg.state != QpState::Rts
+            || self.send_idx >= self.sq.len()
+            || self.rnr_until.is_some()
+        {
             return false;
         }
         let w = &self.sq[self.send_idx];
@@ -302,6 +338,18 @@ impl RcQp {
                 return false;
             }
             None => return false,
+        }
+        if self.ack_deadline.is_none() {
+            self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
+        }
+        let w = &self.sq[self.send_idx];
+        let end = if opv.is_read_or_atomic() {
+            w.first_psn.add(w.plan.psns)
+        } else {
+            pk.psn.add(1)
+        };
+        if end.diff(self.sent_hw) > 0 {
+            self.sent_hw = end;
         }
         if pk.last {
             if opv.is_read_or_atomic() {
@@ -412,11 +460,13 @@ impl RcQp {
     /// Handles a received frame addressed to this QP.
     pub fn handle_frame(
         &mut self,
+        now: Instant,
         frame: &[u8],
         mrs: &mut MrTable,
         send_cq: &mut CompletionQueue,
         recv_cq: &mut CompletionQueue,
     ) {
+        self.now = self.now.max(now);
         let Ok(info) = parse(frame, Checks::ALL) else {
             return;
         };
@@ -488,7 +538,25 @@ impl RcQp {
         let off = match check(&st, &req, mrs) {
             Verdict::Execute { mr_offset } => mr_offset,
             Verdict::Duplicate => {
-                self.push_ack(self.cfg.rq_psn.sub(1), Syndrome::Ack { credits: 31 });
+                if let (true, Some(r)) = (info.op.has(mask::READ), req.reth) {
+                    // Re-execute a duplicate READ from the PSN it asks for.
+                    let count = r.dma_len.div_ceil(st.mtu.bytes()).max(1);
+                    self.responses
+                        .push_back(r_read(info.psn, r.rkey, r.va, r.dma_len, count, self.msn));
+                    self.rd_atomic_outstanding += 1;
+                } else if info.op.has(mask::ATOMIC) {
+                    // Answer a duplicate atomic from the replay cache; never execute it twice.
+                    if let Some((_, orig)) = self.replay.iter().find(|(p, _)| *p == info.psn) {
+                        let orig = *orig;
+                        self.responses.push_back(Response::Atomic {
+                            psn: info.psn,
+                            orig,
+                            msn: self.msn,
+                        });
+                    }
+                } else {
+                    self.push_ack(self.cfg.rq_psn.sub(1), Syndrome::Ack { credits: 31 });
+                }
                 return;
             }
             Verdict::Drop => return,
@@ -611,6 +679,10 @@ impl RcQp {
                 orig.wrapping_add(a.swap_add)
             };
             word.copy_from_slice(&new.to_le_bytes());
+            if self.replay.is_full() {
+                self.replay.remove(0);
+            }
+            self.replay.push((info.psn, orig));
             self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
             self.responses.push_back(Response::Atomic {
                 psn: info.psn,
@@ -626,6 +698,56 @@ impl RcQp {
         }
     }
 
+    /// Something was acknowledged: retries start over and the ACK timer restarts.
+    fn progress(&mut self) {
+        self.retries_left = self.cfg.retry_cnt;
+        self.rnr_left = self.cfg.rnr_retry;
+        let busy = !self.sq.is_empty() && self.sent_hw.diff(self.una) > 0;
+        self.ack_deadline = if busy {
+            self.cfg.ack_timeout().map(|t| self.now + t)
+        } else {
+            None
+        };
+    }
+
+    /// Go back N: send again from `psn`.
+    fn rewind(&mut self, psn: Psn) {
+        let i = self
+            .sq
+            .iter()
+            .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
+            .unwrap_or(0);
+        self.send_idx = i;
+        self.send_pkt = match self.sq.get(i) {
+            Some(w) if !w.wr.op.is_read_or_atomic() => psn.diff(w.first_psn).max(0) as u32,
+            _ => 0,
+        };
+        self.rd_atomic_inflight = self
+            .sq
+            .iter()
+            .take(i)
+            .filter(|w| w.wr.op.is_read_or_atomic())
+            .count() as u8;
+        self.ack_deadline = None;
+    }
+
+    /// Completes the SEND/WRITE requests that were sent whole and end at or before `psn`.
+    fn ack_upto(&mut self, psn: Psn, cq: &mut CompletionQueue) -> usize {
+        let mut n = 0;
+        for (k, w) in self.sq.iter().enumerate() {
+            let sent_whole = w.last_psn().diff(self.sent_hw) < 0;
+            if !sent_whole || w.last_psn().diff(psn) > 0 || w.wr.op.is_read_or_atomic() {
+                break;
+            }
+            n = k + 1;
+        }
+        if psn.diff(self.una) >= 0 {
+            self.una = psn.add(1);
+        }
+        self.complete_upto(n, cq);
+        n
+    }
+
     fn complete(
         &mut self,
         info: &PacketInfo,
@@ -634,71 +756,139 @@ impl RcQp {
         cq: &mut CompletionQueue,
     ) {
         let psn = info.psn;
+        // An acknowledgement for a PSN never sent (or long acknowledged) is ignored.
+        if psn.diff(self.sent_hw) >= 0 || psn.diff(self.una) < -(1 << 22) {
+            return;
+        }
         let syndrome = info.aeth(frame).map(|a| a.syndrome);
-        if let Some(Syndrome::Nak(code)) = syndrome {
-            // The request at `psn` failed (sequence errors will be go-back-N; not yet).
-            if code != NakCode::PsnSequenceError
-                && let Some(i) = self
-                    .sq
-                    .iter()
-                    .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
-            {
+        match syndrome {
+            Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                // Everything before `psn` arrived (implied ACK); go back to `psn`.
+                self.ack_upto(psn.sub(1), cq);
+                if self.retries_left == 0 {
+                    self.fail_front(0, WcStatus::RetryExcErr, cq);
+                    return;
+                }
+                self.retries_left -= 1;
+                self.rewind(psn);
+                return;
+            }
+            Some(Syndrome::Nak(code)) => {
+                self.ack_upto(psn.sub(1), cq);
                 let status = match code {
                     NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                     NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                     _ => WcStatus::RemInvReqErr,
                 };
-                self.complete_upto(i, cq);
                 self.fail_front(0, status, cq);
+                return;
             }
-            return;
+            Some(Syndrome::RnrNak { timer }) => {
+                self.ack_upto(psn.sub(1), cq);
+                if self.cfg.rnr_retry != 7 {
+                    if self.rnr_left == 0 {
+                        self.fail_front(0, WcStatus::RnrRetryExcErr, cq);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.rewind(psn);
+                self.rnr_until = Some(self.now + aeth::rnr_duration(timer));
+                return;
+            }
+            _ => {}
         }
         // READ responses and atomic ACKs carry data for the request they answer.
         if let Some(i) = self
             .sq
             .iter()
             .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
+            && self.sq[i].wr.op.is_read_or_atomic()
         {
-            let w = &self.sq[i];
+            // Everything before this request has been acknowledged by implication.
+            self.ack_upto(self.sq[i].first_psn.sub(1), cq);
+            let i = self
+                .sq
+                .iter()
+                .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0);
+            let Some(i) = i else { return };
+            if i != 0 {
+                return; // an earlier READ/atomic is still unanswered: wait (or retransmit)
+            }
+            let w = &self.sq[0];
             let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
             if info.op.has(mask::READ) {
+                if psn.diff(self.una) > 0 {
+                    return; // a gap in the responses: the timer will resend the READ
+                }
                 let at = psn.diff(w.first_psn) as u64 * mtu;
                 if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
-                    self.complete_upto(i, cq);
                     self.fail_front(0, WcStatus::LocProtErr, cq);
                     return;
                 }
+                self.una = psn.add(1);
                 if info.op.has(mask::LAST) {
-                    self.complete_upto(i + 1, cq);
+                    self.complete_upto(1, cq);
                 }
+                self.progress();
                 return;
             }
             if let Some(a) = info.atomic_ack(frame) {
                 if scatter(mrs, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
-                    self.complete_upto(i, cq);
                     self.fail_front(0, WcStatus::LocProtErr, cq);
                     return;
                 }
-                self.complete_upto(i + 1, cq);
-                return;
+                self.una = psn.add(1);
+                self.complete_upto(1, cq);
+                self.progress();
             }
+            return;
         }
         // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole.
-        let mut n = 0;
-        for (k, w) in self.sq.iter().enumerate() {
-            if k >= self.send_idx || w.last_psn().diff(psn) > 0 || w.wr.op.is_read_or_atomic() {
-                break;
-            }
-            n = k + 1;
+        if self.ack_upto(psn, cq) > 0 || psn.diff(self.una) < 0 {
+            self.progress();
         }
-        self.complete_upto(n, cq);
+    }
+
+    /// When this QP next needs [`RcQp::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.ack_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the timers due at `now`: the end of an RNR wait, or the local ACK timeout (go back
+    /// to the oldest unacknowledged PSN, or fail with RETRY_EXC_ERR after retry_cnt tries).
+    pub fn handle_timeout(&mut self, now: Instant, cq: &mut CompletionQueue) {
+        self.now = self.now.max(now);
+        if self.rnr_until.is_some_and(|t| t <= now) {
+            self.rnr_until = None;
+        }
+        if self.ack_deadline.is_some_and(|t| t <= now) {
+            self.ack_deadline = None;
+            if self.sq.is_empty() || self.cfg.state != QpState::Rts {
+                return;
+            }
+            if self.retries_left == 0 {
+                self.fail_front(0, WcStatus::RetryExcErr, cq);
+                return;
+            }
+            self.retries_left -= 1;
+            let una = self.una;
+            self.rewind(una);
+        }
     }
 
     /// Completes the first `n` work requests successfully.
     fn complete_upto(&mut self, n: usize, cq: &mut CompletionQueue) {
         for _ in 0..n {
             let w = self.sq.pop_front().expect("n <= len");
-            self.send_idx -= 1;
+            if self.send_idx > 0 {
+                self.send_idx -= 1;
+            } else {
+                self.send_pkt = 0; // the cursor was inside it (after a rewind): move past it
+            }
             if w.wr.op.is_read_or_atomic() {
                 self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
             }
@@ -724,6 +914,8 @@ impl RcQp {
         self.send_idx = 0;
         self.send_pkt = 0;
         self.cfg.state = QpState::Err;
+        self.ack_deadline = None;
+        self.rnr_until = None;
         self.flush(cq);
     }
 

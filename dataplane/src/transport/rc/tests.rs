@@ -21,6 +21,21 @@ const BASE: u64 = 0x10_0000;
 const LEN: usize = 2 << 20;
 
 fn node(qpn: u32, peer: u32, me: u8, other: u8, mtu: Mtu, sq_psn: u32, rq_psn: u32) -> Node {
+    node_retries(qpn, peer, me, other, mtu, sq_psn, rq_psn, 7, 7)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn node_retries(
+    qpn: u32,
+    peer: u32,
+    me: u8,
+    other: u8,
+    mtu: Mtu,
+    sq_psn: u32,
+    rq_psn: u32,
+    retry_cnt: u8,
+    rnr_retry: u8,
+) -> Node {
     let mut mrs = MrTable::new();
     let pd = mrs.alloc_pd();
     let all =
@@ -62,8 +77,8 @@ fn node(qpn: u32, peer: u32, me: u8, other: u8, mtu: Mtu, sq_psn: u32, rq_psn: u
         state: Some(QpState::Rts),
         sq_psn: Some(sq_psn),
         timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
+        retry_cnt: Some(retry_cnt),
+        rnr_retry: Some(rnr_retry),
         max_rd_atomic: Some(4),
         ..Default::default()
     })
@@ -84,8 +99,14 @@ fn pair(mtu: Mtu, psn_a: u32, psn_b: u32) -> (Node, Node) {
     )
 }
 
-/// Moves frames both ways through the simulator until both are idle.
-fn pump(a: &mut Node, b: &mut Node) -> usize {
+/// Moves frames both ways through the simulator, running timers, until nothing is left to do
+/// or `until`; `drop` sees every frame (from node 0 = a or 1 = b) and may discard it.
+fn pump_with(
+    a: &mut Node,
+    b: &mut Node,
+    until: Instant,
+    drop: &mut dyn FnMut(u16, &[u8]) -> bool,
+) -> Instant {
     let mut net = SimNet::new(1);
     let l = LinkConfig {
         latency: Duration::from_micros(1),
@@ -94,30 +115,42 @@ fn pump(a: &mut Node, b: &mut Node) -> usize {
     };
     net.connect(NodeId(0), NodeId(1), l);
     let mut now = Instant(0);
-    let mut frames = 0;
     let mut buf = Vec::new();
     loop {
-        let mut moved = false;
-        while a.qp.poll_transmit(&a.mrs, &mut a.scq, &mut buf) {
-            net.send(now, NodeId(0), NodeId(1), buf.clone());
-            moved = true;
+        while a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut buf) {
+            if !drop(0, &buf) {
+                net.send(now, NodeId(0), NodeId(1), buf.clone());
+            }
         }
-        while b.qp.poll_transmit(&b.mrs, &mut b.scq, &mut buf) {
-            net.send(now, NodeId(1), NodeId(0), buf.clone());
-            moved = true;
+        while b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut buf) {
+            if !drop(1, &buf) {
+                net.send(now, NodeId(1), NodeId(0), buf.clone());
+            }
         }
-        while let Some(t) = net.next_delivery() {
-            now = now.max(t);
-            let (_, to, f) = net.deliver(t).unwrap();
-            frames += 1;
+        let next = [
+            net.next_delivery(),
+            a.qp.poll_timeout(),
+            b.qp.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(t) = next else { return now };
+        if t > until {
+            return now;
+        }
+        now = now.max(t);
+        while let Some((_, to, f)) = net.deliver(now) {
             let n = if to == NodeId(1) { &mut *b } else { &mut *a };
-            n.qp.handle_frame(&f, &mut n.mrs, &mut n.scq, &mut n.rcq);
-            moved = true;
+            n.qp.handle_frame(now, &f, &mut n.mrs, &mut n.scq, &mut n.rcq);
         }
-        if !moved {
-            return frames;
-        }
+        a.qp.handle_timeout(now, &mut a.scq);
+        b.qp.handle_timeout(now, &mut b.scq);
     }
+}
+
+fn pump(a: &mut Node, b: &mut Node) -> Instant {
+    pump_with(a, b, Instant(u64::MAX), &mut |_, _| false)
 }
 
 fn sg(key: u32, addr: u64, len: u32) -> ArrayVec<Sge, 8> {
@@ -332,4 +365,275 @@ fn rkey_violation_naks_errors_and_flushes() {
         QpState::Err,
         "the responder's QP goes to error too"
     );
+}
+
+fn syndrome_of(f: &[u8]) -> Option<u8> {
+    let p = parse(f, Checks::ALL).ok()?;
+    p.aeth(f).map(|a| a.syndrome.to_byte())
+}
+
+fn opcode_of(f: &[u8]) -> Option<u8> {
+    parse(f, Checks::ALL).ok().map(|p| p.opcode)
+}
+
+fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
+    SendWr {
+        wr_id: id,
+        op: SendOp::Write {
+            remote_addr: BASE,
+            rkey: b.key,
+        },
+        sg: sg(a.key, BASE + 4096, len),
+        signaled: true,
+        solicited: false,
+    }
+}
+
+#[test]
+fn rnr_is_retried_until_a_receive_is_posted() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.qp.post_send(SendWr {
+        wr_id: 9,
+        op: SendOp::Send,
+        sg: sg(a.key, BASE, 100),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    let mut rnr = 0;
+    let t = pump_with(&mut a, &mut b, Instant(200_000), &mut |from, f| {
+        if from == 1 && syndrome_of(f).is_some_and(|s| s >> 5 == 1) {
+            rnr += 1;
+        }
+        false
+    });
+    assert!(
+        rnr >= 5,
+        "RNR NAKs every 10 us while no receive is posted: {rnr}"
+    );
+    assert!(polled(&mut a.scq).is_empty());
+    b.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg: sg(b.key, BASE, 4096),
+    })
+    .unwrap();
+    pump_with(
+        &mut a,
+        &mut b,
+        Instant(t.as_nanos() + 1_000_000),
+        &mut |_, _| false,
+    );
+    assert_eq!(
+        polled(&mut a.scq)
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        vec![(9, WcStatus::Success)]
+    );
+    assert_eq!(polled(&mut b.rcq)[0].byte_len, 100);
+    assert_eq!(bytes(&b, BASE, 100), bytes(&a, BASE, 100));
+}
+
+#[test]
+fn rnr_retries_run_out() {
+    let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 7, 2);
+    let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
+    a.qp.post_send(SendWr {
+        wr_id: 9,
+        op: SendOp::Send,
+        sg: sg(a.key, BASE, 100),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    a.qp.post_send(write_wr(&a, &b, 10, 64)).unwrap();
+    let mut sends = 0;
+    pump_with(&mut a, &mut b, Instant(10_000_000), &mut |from, f| {
+        if from == 0 && opcode_of(f) == Some(op::RC_SEND_ONLY) {
+            sends += 1;
+        }
+        false
+    });
+    assert_eq!(sends, 3, "the first try and rnr_retry = 2 more");
+    let c = polled(&mut a.scq);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(9, WcStatus::RnrRetryExcErr), (10, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(a.qp.cfg.state, QpState::Err);
+}
+
+#[test]
+fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0xff_fffc, 0xff_fffc);
+    a.qp.post_send(write_wr(&a, &b, 1, 10 * 1024)).unwrap();
+    let (mut seen, mut naks) = (0, 0);
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        if from == 1 && syndrome_of(f) == Some(0x60) {
+            naks += 1;
+        }
+        if from == 0 {
+            seen += 1;
+            return seen == 3; // lose the third packet, once
+        }
+        false
+    });
+    assert_eq!(naks, 1, "one NAK per gap");
+    assert_eq!(
+        bytes(&b, BASE, 10 * 1024),
+        bytes(&a, BASE + 4096, 10 * 1024)
+    );
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn ack_timeout_retransmits_then_gives_up() {
+    // One lost ACK: the timer resends, the responder re-ACKs the duplicate, done.
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+    let mut acks = 0;
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, _| {
+        if from == 1 {
+            acks += 1;
+            return acks == 1;
+        }
+        false
+    });
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(acks, 2);
+    // No ACK ever: retry_cnt = 3 resends, then RETRY_EXC_ERR and the rest flushed.
+    let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 3, 7);
+    let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
+    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+    a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+    let mut sent = 0;
+    let t = pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        if from == 0 && parse(f, Checks::ALL).is_ok_and(|p| p.psn == Psn::new(0)) {
+            sent += 1;
+        }
+        from == 1
+    });
+    assert_eq!(sent, 4, "first try plus retry_cnt");
+    let c = polled(&mut a.scq);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    // timeout 14 = 67.1 ms; four of them.
+    assert!(t.as_nanos() >= 4 * (4096u64 << 14), "{t:?}");
+}
+
+#[test]
+fn an_ack_for_a_psn_never_sent_is_ignored() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+    let mut real_ack = None;
+    pump_with(&mut a, &mut b, Instant(50_000), &mut |from, f| {
+        if from == 1 {
+            real_ack = Some(f.to_vec());
+            return true; // hold it back
+        }
+        false
+    });
+    let ack = real_ack.expect("B acknowledged");
+    // The same ACK, for PSN 1000.
+    let info = parse(&ack, Checks::ALL).unwrap();
+    let mut repr = RoceRepr::parse(&ack, &info).unwrap();
+    repr.bth.psn = Psn::new(1000);
+    let mut forged = vec![0u8; repr.frame_len(0)];
+    repr.emit(&mut forged, 0, false).unwrap();
+    a.qp.handle_frame(Instant(5), &forged, &mut a.mrs, &mut a.scq, &mut a.rcq);
+    assert!(
+        polled(&mut a.scq).is_empty(),
+        "nothing completes on a PSN never sent"
+    );
+    assert_eq!(a.qp.outstanding(), 1);
+    a.qp.handle_frame(Instant(6), &ack, &mut a.mrs, &mut a.scq, &mut a.rcq);
+    assert_eq!(
+        polled(&mut a.scq)[0].status,
+        WcStatus::Success,
+        "the real one still works"
+    );
+}
+
+#[test]
+fn duplicate_read_is_re_executed() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: BASE + 12,
+            rkey: b.key,
+        },
+        sg: sg(a.key, BASE, 3000),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    let mut first = 0;
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        if from == 1 && opcode_of(f) == Some(op::RC_READ_RESPONSE_FIRST) {
+            first += 1;
+            return first == 1; // lose the first response packet once
+        }
+        false
+    });
+    assert_eq!(first, 2, "the READ was asked for and answered again");
+    assert_eq!(bytes(&a, BASE, 3000), bytes(&b, BASE + 12, 3000));
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn duplicate_atomic_is_answered_from_the_replay_cache() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    let target = BASE + 0x100;
+    b.mrs
+        .get_mut(b.key)
+        .unwrap()
+        .slice_mut(target, 8)
+        .unwrap()
+        .copy_from_slice(&100u64.to_le_bytes());
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::FetchAdd {
+            remote_addr: target,
+            rkey: b.key,
+            add: 5,
+        },
+        sg: sg(a.key, BASE, 8),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    let mut acks = 0;
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        if from == 1 && opcode_of(f) == Some(op::RC_ATOMIC_ACK) {
+            acks += 1;
+            return acks == 1;
+        }
+        false
+    });
+    assert_eq!(acks, 2);
+    assert_eq!(
+        bytes(&b, target, 8),
+        105u64.to_le_bytes(),
+        "added once, not twice"
+    );
+    assert_eq!(
+        bytes(&a, BASE, 8),
+        100u64.to_le_bytes(),
+        "the original value, both times"
+    );
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn completion_queue_overflow() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.scq = CompletionQueue::new(1);
+    a.qp.post_send(write_wr(&a, &b, 1, 10)).unwrap();
+    a.qp.post_send(write_wr(&a, &b, 2, 10)).unwrap();
+    pump(&mut a, &mut b);
+    assert!(a.scq.in_error());
+    assert_eq!(polled(&mut a.scq).len(), 1);
 }
