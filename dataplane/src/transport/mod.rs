@@ -14,5 +14,6 @@ pub mod mr;
 pub mod qp;
 pub mod rc;
 pub mod resp_check;
+pub mod soak;
 pub mod timers;
 pub mod wr;

@@ -103,6 +103,9 @@ pub struct RcQp {
     sent_hw: Psn,
     retries_left: u8,
     rnr_left: u8,
+    /// A go-back-N is under way and nothing has been acknowledged since: acknowledgements
+    /// still in flight from before it must not start another (rxe's `started_retry`).
+    retrying: bool,
     ack_deadline: Option<Instant>,
     rnr_until: Option<Instant>,
     now: Instant,
@@ -138,6 +141,7 @@ impl RcQp {
             sent_hw: Psn::new(0),
             retries_left: 0,
             rnr_left: 0,
+            retrying: false,
             ack_deadline: None,
             rnr_until: None,
             now: Instant::ZERO,
@@ -315,9 +319,22 @@ impl RcQp {
         {
             return false;
         }
-        let pk = w.plan.packet(self.send_pkt);
+        let mut pk = w.plan.packet(self.send_pkt);
         let opv = w.wr.op;
-        let ext = ext_headers(opv, &pk, w.wr.length());
+        let mut ext = ext_headers(opv, &pk, w.wr.length());
+        // A READ resent after some of its responses arrived asks only for the rest, from the
+        // oldest PSN still missing (as rxe does): a long READ over a lossy path would otherwise
+        // never finish.
+        if let (SendOp::Read { .. }, Some(r)) = (opv, ext.reth.as_mut())
+            && self.una.diff(w.first_psn) > 0
+            && self.una.diff(w.last_psn()) <= 0
+        {
+            let skip =
+                self.una.diff(w.first_psn) as u32 * self.cfg.path_mtu.map_or(1024, |m| m.bytes());
+            r.va += skip as u64;
+            r.dma_len = r.dma_len.saturating_sub(skip);
+            pk.psn = self.una;
+        }
         let b = self.bth(pk.opcode, pk.psn, pk.ack_req, w.wr.solicited && pk.last);
         let sg = w.wr.sg.clone();
         let payload = if matches!(
@@ -700,6 +717,7 @@ impl RcQp {
 
     /// Something was acknowledged: retries start over and the ACK timer restarts.
     fn progress(&mut self) {
+        self.retrying = false;
         self.retries_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
         let busy = !self.sq.is_empty() && self.sent_hw.diff(self.una) > 0;
@@ -741,10 +759,18 @@ impl RcQp {
             }
             n = k + 1;
         }
-        if psn.diff(self.una) >= 0 {
-            self.una = psn.add(1);
-        }
         self.complete_upto(n, cq);
+        // The oldest unacknowledged PSN moves past `psn`, but never past a READ or atomic
+        // still waiting for its response (an ACK does not answer those).
+        let mut una = psn.add(1);
+        if let Some(w) = self.sq.iter().find(|w| w.wr.op.is_read_or_atomic())
+            && una.diff(w.first_psn) > 0
+        {
+            una = w.first_psn;
+        }
+        if una.diff(self.una) > 0 {
+            self.una = una;
+        }
         n
     }
 
@@ -760,11 +786,41 @@ impl RcQp {
         if psn.diff(self.sent_hw) >= 0 || psn.diff(self.una) < -(1 << 22) {
             return;
         }
+        // Implied NAK: responses come back in order, so an acknowledgement of any kind for a
+        // PSN past an unanswered READ or atomic at the front means its responses were lost.
+        // Go back to the oldest unacknowledged PSN (inside that request).
+        if let Some(front) = self.sq.front()
+            && front.wr.op.is_read_or_atomic()
+            && psn.diff(front.last_psn()) > 0
+        {
+            if self.retrying {
+                return;
+            }
+            self.retrying = true;
+            if self.retries_left == 0 {
+                self.fail_front(0, WcStatus::RetryExcErr, cq);
+                return;
+            }
+            self.retries_left -= 1;
+            let una = self.una;
+            self.rewind(una);
+            return;
+        }
         let syndrome = info.aeth(frame).map(|a| a.syndrome);
         match syndrome {
             Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
-                // Everything before `psn` arrived (implied ACK); go back to `psn`.
-                self.ack_upto(psn.sub(1), cq);
+                // Everything before `psn` arrived (implied ACK); go back to `psn`. If that moved
+                // the oldest unacknowledged PSN, it is progress and the retry count starts over.
+                let before = self.una;
+                if self.ack_upto(psn.sub(1), cq) > 0 || self.una.diff(before) > 0 {
+                    self.progress();
+                }
+                // A NAK for a retry already under way (a duplicate, or one that crossed our
+                // resend) starts nothing new.
+                if self.retrying {
+                    return;
+                }
+                self.retrying = true;
                 if self.retries_left == 0 {
                     self.fail_front(0, WcStatus::RetryExcErr, cq);
                     return;
@@ -818,8 +874,10 @@ impl RcQp {
             let w = &self.sq[0];
             let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
             if info.op.has(mask::READ) {
-                if psn.diff(self.una) > 0 {
-                    return; // a gap in the responses: the timer will resend the READ
+                if psn.diff(self.una) != 0 {
+                    // A gap (the timer or an implied NAK will ask again from `una`), or a
+                    // response already taken.
+                    return;
                 }
                 let at = psn.diff(w.first_psn) as u64 * mtu;
                 if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
@@ -844,8 +902,10 @@ impl RcQp {
             }
             return;
         }
-        // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole.
-        if self.ack_upto(psn, cq) > 0 || psn.diff(self.una) < 0 {
+        // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole; it is progress
+        // if it completed something or moved the oldest unacknowledged PSN.
+        let before = self.una;
+        if self.ack_upto(psn, cq) > 0 || self.una.diff(before) > 0 {
             self.progress();
         }
     }

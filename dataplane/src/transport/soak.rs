@@ -1,0 +1,712 @@
+//! The randomized soak: RC QP pairs between two endpoints, random work requests of every
+//! opcode and size, through the simulator with a fault mix, checked against a reference model.
+//!
+//! Each QP pair has its own areas in both endpoints' memory region, so its effects can be
+//! modelled alone: a target area the peer writes, reads and updates atomically; an immutable
+//! source area; a sink ring for READ results and atomic originals; a receive ring. Requests on
+//! one QP execute in PSN order at the responder, so the model applies each work request when it
+//! is posted, and every result is checked when its completion is polled: status, order (FIFO
+//! per QP, exactly once), READ data, atomic originals (linearizable in PSN order), received
+//! bytes and immediates; at the end every target area must equal the model byte for byte.
+//!
+//! A READ that is retried is executed again and returns memory as it is then: IB lets a later
+//! WRITE or atomic on the same QP land before a READ's data is returned, which is what the
+//! fence flag is for. Without fences, the generator does not write memory that an outstanding
+//! READ on the same QP reads.
+//!
+//! `SOAK_TRACE=1` prints every work request posted and every frame delivered (to stderr).
+
+use super::cq::{CompletionQueue, WcOpcode, WcStatus};
+use super::mr::{Access, MrTable, PdHandle};
+use super::qp::{Mtu, Path, QpAttr, QpState};
+use super::rc::RcQp;
+use super::wr::{RecvWr, SendOp, SendWr, Sge};
+use crate::sim::{Faults, LinkConfig, NodeId, SimNet, SplitMix64};
+use crate::time::Instant;
+use crate::wire::packet::{Checks, parse};
+use arrayvec::ArrayVec;
+use core::time::Duration;
+use std::collections::VecDeque;
+
+/// What to run.
+#[derive(Clone, Copy, Debug)]
+pub struct SoakConfig {
+    /// Seed of everything random (work requests and faults).
+    pub seed: u64,
+    /// QP pairs (2-8).
+    pub qps: usize,
+    /// Work requests in all.
+    pub ops: usize,
+    /// Largest message.
+    pub max_size: u32,
+    /// Faults on both directions.
+    pub faults: Faults,
+    /// Work requests outstanding per QP at most.
+    pub depth: usize,
+}
+
+/// What happened.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SoakReport {
+    /// Work requests completed.
+    pub completed: usize,
+    /// Bytes moved by SEND/WRITE/READ.
+    pub bytes: u64,
+    /// Frames the network carried.
+    pub frames: u64,
+    /// Frames it lost, duplicated, reordered, corrupted.
+    pub lost: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Reordered.
+    pub reordered: u64,
+    /// Corrupted.
+    pub corrupted: u64,
+    /// Simulated time, ns.
+    pub sim_ns: u64,
+    /// The first violation, if any.
+    pub violation: Option<String>,
+}
+
+const AREA: u64 = 2 << 20;
+const T_OFF: u64 = 0; // target area, written by the peer
+const S_OFF: u64 = AREA; // source, immutable
+const K_OFF: u64 = 2 * AREA; // sinks of READs and atomics
+const R_OFF: u64 = 3 * AREA; // receive buffers
+const PER_QP: u64 = 4 * AREA;
+const BASE: u64 = 0x1000_0000;
+
+struct Side {
+    mrs: MrTable,
+    key: u32,
+    qps: Vec<RcQp>,
+    scq: Vec<CompletionQueue>,
+    rcq: Vec<CompletionQueue>,
+    /// Model of each QP's target area.
+    model: Vec<Vec<u8>>,
+}
+
+#[derive(Debug)]
+enum Expect {
+    Done(WcOpcode),
+    Read {
+        at: u64,
+        data: Vec<u8>,
+    },
+    Atomic {
+        at: u64,
+        orig: u64,
+        opcode: WcOpcode,
+    },
+}
+
+#[derive(Debug)]
+struct Posted {
+    wr_id: u64,
+    expect: Expect,
+}
+
+#[derive(Debug)]
+struct RecvExpect {
+    wr_id: u64,
+    at: u64,
+    data: Vec<u8>,
+    imm: Option<u32>,
+    opcode: WcOpcode,
+}
+
+fn side(n: usize, me: u8, seed: u64) -> Side {
+    let mut mrs = MrTable::new();
+    let pd: PdHandle = mrs.alloc_pd();
+    let mut rng = SplitMix64::new(seed);
+    let mut mem = vec![0u8; PER_QP as usize * n];
+    for b in mem.iter_mut() {
+        *b = rng.next_u64() as u8;
+    }
+    let model = (0..n)
+        .map(|i| mem[(i as u64 * PER_QP + T_OFF) as usize..][..AREA as usize].to_vec())
+        .collect();
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let key = mrs
+        .register(pd, BASE, Box::new(mem), all)
+        .expect("register");
+    let qps = (0..n)
+        .map(|i| RcQp::new(0x100 * me as u32 + i as u32, pd, 256, 256))
+        .collect();
+    Side {
+        mrs,
+        key,
+        qps,
+        scq: (0..n).map(|_| CompletionQueue::new(4096)).collect(),
+        rcq: (0..n).map(|_| CompletionQueue::new(4096)).collect(),
+        model,
+    }
+}
+
+fn connect(qp: &mut RcQp, peer: u32, me: u8, other: u8, mtu: Mtu) {
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qp.modify(&QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        access: Some(all),
+        ..Default::default()
+    })
+    .expect("init");
+    let path = Path {
+        local_ip: format!("10.0.0.{me}").parse().expect("ip"),
+        remote_ip: format!("10.0.0.{other}").parse().expect("ip"),
+        local_mac: [2, 0, 0, 0, 0, me],
+        remote_mac: [2, 0, 0, 0, 0, other],
+        udp_sport: 0xc000 | (qp.qpn as u16 & 0x3fff),
+        dscp: 26,
+        ecn: 2,
+        vlan: None,
+    };
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rtr),
+        path: Some(path),
+        path_mtu: Some(mtu),
+        dest_qp: Some(peer),
+        rq_psn: Some(0xff_ff00),
+        max_dest_rd_atomic: Some(16),
+        min_rnr_timer: Some(1),
+        ..Default::default()
+    })
+    .expect("rtr");
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(0xff_ff00),
+        // 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB messages queued on
+        // one link and go-back-N under 10 % loss, a shorter timer fires while data is still
+        // queued and its spurious retransmissions feed the queue.
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(16),
+        ..Default::default()
+    })
+    .expect("rts");
+}
+
+/// A ring allocator over one area: hands out non-overlapping ranges, freed in order.
+#[derive(Debug, Default)]
+struct Ring {
+    head: u64,
+    used: VecDeque<(u64, u64)>,
+}
+
+impl Ring {
+    fn alloc(&mut self, len: u64) -> Option<u64> {
+        let len = len.max(8).next_multiple_of(8);
+        if len > AREA {
+            return None;
+        }
+        let start = if self.head + len > AREA { 0 } else { self.head };
+        for (s, l) in &self.used {
+            if start < s + l && *s < start + len {
+                return None;
+            }
+        }
+        self.head = start + len;
+        self.used.push_back((start, len));
+        Some(start)
+    }
+    fn free_oldest(&mut self) {
+        self.used.pop_front();
+    }
+}
+
+fn sge(key: u32, qp: usize, area: u64, at: u64, len: u32) -> ArrayVec<Sge, 8> {
+    let mut v = ArrayVec::new();
+    v.push(Sge {
+        addr: BASE + qp as u64 * PER_QP + area + at,
+        length: len,
+        lkey: key,
+    });
+    v
+}
+
+/// Runs the soak.
+pub fn run(cfg: &SoakConfig) -> SoakReport {
+    let n = cfg.qps.clamp(1, 8);
+    let mut rng = SplitMix64::new(cfg.seed);
+    let mut sides = [side(n, 1, cfg.seed ^ 0xa), side(n, 2, cfg.seed ^ 0xb)];
+    let mtus = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096];
+    for i in 0..n {
+        let mtu = mtus[rng.below(5) as usize];
+        let (a, b) = sides.split_at_mut(1);
+        let (qa, qb) = (a[0].qps[i].qpn, b[0].qps[i].qpn);
+        connect(&mut a[0].qps[i], qb, 1, 2, mtu);
+        connect(&mut b[0].qps[i], qa, 2, 1, mtu);
+    }
+    let mut net = SimNet::new(cfg.seed ^ 0x5eed);
+    let l = LinkConfig {
+        latency: Duration::from_micros(2),
+        bandwidth_bps: 100_000_000_000,
+        faults: cfg.faults,
+    };
+    net.connect(NodeId(0), NodeId(1), l);
+    // Per side, per QP: what its send CQ and its receive CQ should show next.
+    let mut posted: [Vec<VecDeque<Posted>>; 2] = [
+        (0..n).map(|_| VecDeque::new()).collect(),
+        (0..n).map(|_| VecDeque::new()).collect(),
+    ];
+    let mut recvs: [Vec<VecDeque<RecvExpect>>; 2] = [
+        (0..n).map(|_| VecDeque::new()).collect(),
+        (0..n).map(|_| VecDeque::new()).collect(),
+    ];
+    let mut sinks: [Vec<Ring>; 2] = [
+        (0..n).map(|_| Ring::default()).collect(),
+        (0..n).map(|_| Ring::default()).collect(),
+    ];
+    // Target ranges of outstanding READs, per requester side and QP: (wr_id, start, len).
+    let mut reading: [Vec<Vec<(u64, u64, u64)>>; 2] = [
+        (0..n).map(|_| Vec::new()).collect(),
+        (0..n).map(|_| Vec::new()).collect(),
+    ];
+    let mut rrings: [Vec<Ring>; 2] = [
+        (0..n).map(|_| Ring::default()).collect(),
+        (0..n).map(|_| Ring::default()).collect(),
+    ];
+    let mut report = SoakReport::default();
+    let mut issued = 0usize;
+    let mut now = Instant(0);
+    let mut buf = Vec::new();
+    let mut next_id = 1u64;
+    let fail = |r: &mut SoakReport, msg: String| {
+        if r.violation.is_none() {
+            r.violation = Some(format!("seed {}: {msg}", cfg.seed));
+        }
+    };
+    let mut idle_rounds = 0;
+    while report.violation.is_none() {
+        // Post new work while there is some left and room for it.
+        for _ in 0..4 {
+            if issued >= cfg.ops {
+                break;
+            }
+            let s = rng.below(2) as usize;
+            let q = rng.below(n as u64) as usize;
+            if posted[s][q].len() >= cfg.depth {
+                continue;
+            }
+            let size = if rng.chance(0.7) {
+                rng.below(4097) as u32
+            } else {
+                (1u64 << rng.below(21)).min(cfg.max_size as u64) as u32
+            }
+            .min(cfg.max_size);
+            let kind = rng.below(7);
+            let (me, peer) = if s == 0 { (0, 1) } else { (1, 0) };
+            let (mine, theirs) = if me == 0 {
+                let (a, b) = sides.split_at_mut(1);
+                (&mut a[0], &mut b[0])
+            } else {
+                let (a, b) = sides.split_at_mut(1);
+                (&mut b[0], &mut a[0])
+            };
+            let src = rng.below(AREA - size as u64 + 1);
+            let dst = rng.below(AREA - size as u64 + 1);
+            let src_bytes = mine
+                .mrs
+                .get(mine.key)
+                .expect("key")
+                .slice(BASE + q as u64 * PER_QP + S_OFF + src, size as usize)
+                .expect("src")
+                .to_vec();
+            let remote = BASE + q as u64 * PER_QP + T_OFF + dst;
+            let id = next_id;
+            let overlaps_read = |start: u64, len: u64| {
+                reading[me][q]
+                    .iter()
+                    .any(|(_, s, l)| start < s + l && *s < start + len.max(1))
+            };
+            let (op, sg, expect) = match kind {
+                0 | 1 => {
+                    // SEND (with immediate half the time) into a receive posted just before.
+                    let Some(at) = rrings[peer][q].alloc(size as u64) else {
+                        continue;
+                    };
+                    let imm = rng.chance(0.5).then(|| rng.next_u64() as u32);
+                    let rwr = RecvWr {
+                        wr_id: id,
+                        sg: sge(theirs.key, q, R_OFF, at, size),
+                    };
+                    if theirs.qps[q].post_recv(rwr).is_err() {
+                        continue;
+                    }
+                    recvs[peer][q].push_back(RecvExpect {
+                        wr_id: id,
+                        at,
+                        data: src_bytes.clone(),
+                        imm,
+                        opcode: WcOpcode::Recv,
+                    });
+                    let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+                    (
+                        op,
+                        sge(mine.key, q, S_OFF, src, size),
+                        Expect::Done(WcOpcode::Send),
+                    )
+                }
+                2 | 3 => {
+                    if overlaps_read(dst, size as u64) {
+                        continue;
+                    }
+                    let imm = (kind == 3).then(|| rng.next_u64() as u32);
+                    if let Some(imm) = imm {
+                        let Some(at) = rrings[peer][q].alloc(0) else {
+                            continue;
+                        };
+                        let rwr = RecvWr {
+                            wr_id: id,
+                            sg: sge(theirs.key, q, R_OFF, at, 0),
+                        };
+                        if theirs.qps[q].post_recv(rwr).is_err() {
+                            continue;
+                        }
+                        recvs[peer][q].push_back(RecvExpect {
+                            wr_id: id,
+                            at,
+                            data: vec![],
+                            imm: Some(imm),
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                        });
+                    }
+                    theirs.model[q][dst as usize..][..size as usize].copy_from_slice(&src_bytes);
+                    let op = match imm {
+                        Some(imm) => SendOp::WriteWithImm {
+                            remote_addr: remote,
+                            rkey: theirs.key,
+                            imm,
+                        },
+                        None => SendOp::Write {
+                            remote_addr: remote,
+                            rkey: theirs.key,
+                        },
+                    };
+                    (
+                        op,
+                        sge(mine.key, q, S_OFF, src, size),
+                        Expect::Done(WcOpcode::RdmaWrite),
+                    )
+                }
+                4 => {
+                    let Some(at) = sinks[me][q].alloc(size as u64) else {
+                        continue;
+                    };
+                    let data = theirs.model[q][dst as usize..][..size as usize].to_vec();
+                    reading[me][q].push((id, dst, size as u64));
+                    (
+                        SendOp::Read {
+                            remote_addr: remote,
+                            rkey: theirs.key,
+                        },
+                        sge(mine.key, q, K_OFF, at, size),
+                        Expect::Read { at, data },
+                    )
+                }
+                _ => {
+                    let Some(at) = sinks[me][q].alloc(8) else {
+                        continue;
+                    };
+                    let word = rng.below(AREA / 8) * 8;
+                    if overlaps_read(word, 8) {
+                        sinks[me][q].used.pop_back();
+                        continue;
+                    }
+                    let cur = u64::from_le_bytes(
+                        theirs.model[q][word as usize..][..8].try_into().expect("8"),
+                    );
+                    let remote = BASE + q as u64 * PER_QP + T_OFF + word;
+                    let (op, new, opcode) = if kind == 5 {
+                        let add = rng.next_u64() >> 40;
+                        (
+                            SendOp::FetchAdd {
+                                remote_addr: remote,
+                                rkey: theirs.key,
+                                add,
+                            },
+                            cur.wrapping_add(add),
+                            WcOpcode::FetchAdd,
+                        )
+                    } else {
+                        let compare = if rng.chance(0.5) { cur } else { cur ^ 1 };
+                        let swap = rng.next_u64();
+                        let new = if compare == cur { swap } else { cur };
+                        (
+                            SendOp::CmpSwap {
+                                remote_addr: remote,
+                                rkey: theirs.key,
+                                compare,
+                                swap,
+                            },
+                            new,
+                            WcOpcode::CompSwap,
+                        )
+                    };
+                    theirs.model[q][word as usize..][..8].copy_from_slice(&new.to_le_bytes());
+                    (
+                        op,
+                        sge(mine.key, q, K_OFF, at, 8),
+                        Expect::Atomic {
+                            at,
+                            orig: cur,
+                            opcode,
+                        },
+                    )
+                }
+            };
+            let wr = SendWr {
+                wr_id: id,
+                op,
+                sg,
+                signaled: true,
+                solicited: false,
+            };
+            if std::env::var_os("SOAK_TRACE").is_some() {
+                eprintln!("post side {me} qp {q} wr {id} {op:?} len {size}");
+            }
+            if let Err(e) = mine.qps[q].post_send(wr) {
+                fail(&mut report, format!("post_send refused: {e}"));
+                break;
+            }
+            posted[me][q].push_back(Posted { wr_id: id, expect });
+            report.bytes += size as u64;
+            next_id += 1;
+            issued += 1;
+        }
+        // Transmit, deliver, run timers.
+        let mut moved = false;
+        for (si, s) in sides.iter_mut().enumerate() {
+            for q in 0..n {
+                while s.qps[q].poll_transmit(now, &s.mrs, &mut s.scq[q], &mut buf) {
+                    net.send(now, NodeId(si as u16), NodeId(1 - si as u16), buf.clone());
+                    moved = true;
+                }
+            }
+        }
+        let mut next = net.next_delivery();
+        for s in &sides {
+            for qp in &s.qps {
+                next = match (next, qp.poll_timeout()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        if let Some(t) = next {
+            now = now.max(t);
+            while let Some((_, to, f)) = net.deliver(now) {
+                report.frames += 1;
+                if std::env::var_os("SOAK_TRACE").is_some()
+                    && let Err(e) = parse(&f, Checks::NONE)
+                {
+                    eprintln!(
+                        "{:>10} ->{} UNPARSEABLE {e:?} len {}",
+                        now.as_nanos(),
+                        to.0,
+                        f.len()
+                    );
+                }
+                if std::env::var_os("SOAK_TRACE").is_some()
+                    && let Ok(p) = parse(&f, Checks::NONE)
+                {
+                    eprintln!(
+                        "{:>10} ->{} {:<34} psn {:>8} {:?}",
+                        now.as_nanos(),
+                        to.0,
+                        p.op.name,
+                        p.psn.value(),
+                        p.aeth(&f).map(|a| a.syndrome)
+                    );
+                }
+                let s = &mut sides[to.0 as usize];
+                if let Ok(p) = parse(&f, Checks::NONE)
+                    && let Some(q) = s.qps.iter().position(|qp| qp.qpn == p.dest_qp)
+                {
+                    s.qps[q].handle_frame(now, &f, &mut s.mrs, &mut s.scq[q], &mut s.rcq[q]);
+                }
+            }
+            for s in sides.iter_mut() {
+                for (q, qp) in s.qps.iter_mut().enumerate() {
+                    qp.handle_timeout(now, &mut s.scq[q]);
+                }
+            }
+            moved = true;
+        }
+        // Check completions.
+        let mut wcs = Vec::new();
+        for si in 0..2 {
+            for q in 0..n {
+                wcs.clear();
+                sides[si].scq[q].poll(usize::MAX, &mut wcs);
+                for c in &wcs {
+                    let Some(p) = posted[si][q].pop_front() else {
+                        fail(
+                            &mut report,
+                            format!("side {si} QP {q}: completion {} never posted", c.wr_id),
+                        );
+                        break;
+                    };
+                    if c.wr_id != p.wr_id || c.status != WcStatus::Success {
+                        fail(
+                            &mut report,
+                            format!(
+                                "side {si} QP {q}: got {:?}, wanted wr {} success",
+                                c, p.wr_id
+                            ),
+                        );
+                        break;
+                    }
+                    let mem = sides[si].mrs.get(sides[si].key).expect("key");
+                    let k = BASE + q as u64 * PER_QP + K_OFF;
+                    match &p.expect {
+                        Expect::Done(op) if *op != c.opcode => {
+                            fail(&mut report, format!("opcode {:?} for {:?}", c.opcode, op))
+                        }
+                        Expect::Done(_) => {}
+                        Expect::Read { at, data } => {
+                            if mem.slice(k + at, data.len()).expect("sink") != &data[..] {
+                                fail(
+                                    &mut report,
+                                    format!(
+                                        "side {si} QP {q}: READ {} returned wrong bytes",
+                                        c.wr_id
+                                    ),
+                                );
+                            }
+                            sinks[si][q].free_oldest();
+                            reading[si][q].retain(|(id, _, _)| *id != c.wr_id);
+                        }
+                        Expect::Atomic { at, orig, opcode } => {
+                            let got = u64::from_le_bytes(
+                                mem.slice(k + at, 8).expect("sink").try_into().expect("8"),
+                            );
+                            if got != *orig || c.opcode != *opcode {
+                                fail(
+                                    &mut report,
+                                    format!(
+                                        "side {si} QP {q}: atomic {} returned {got:#x}, model {orig:#x}",
+                                        c.wr_id
+                                    ),
+                                );
+                            }
+                            sinks[si][q].free_oldest();
+                        }
+                    }
+                    report.completed += 1;
+                }
+                wcs.clear();
+                sides[si].rcq[q].poll(usize::MAX, &mut wcs);
+                for c in &wcs {
+                    let Some(r) = recvs[si][q].pop_front() else {
+                        fail(
+                            &mut report,
+                            format!(
+                                "side {si} QP {q}: receive completion {} unexpected",
+                                c.wr_id
+                            ),
+                        );
+                        break;
+                    };
+                    let mem = sides[si].mrs.get(sides[si].key).expect("key");
+                    let at = BASE + q as u64 * PER_QP + R_OFF + r.at;
+                    let ok = c.wr_id == r.wr_id
+                        && c.status == WcStatus::Success
+                        && c.opcode == r.opcode
+                        && c.imm_data == r.imm
+                        && (r.opcode != WcOpcode::Recv
+                            || (c.byte_len as usize == r.data.len()
+                                && mem.slice(at, r.data.len()).expect("recv") == &r.data[..]));
+                    if !ok {
+                        fail(
+                            &mut report,
+                            format!(
+                                "side {si} QP {q}: receive {:?}, wanted {} {:?}",
+                                c, r.wr_id, r.opcode
+                            ),
+                        );
+                    }
+                    rrings[si][q].free_oldest();
+                }
+            }
+        }
+        let outstanding: usize = posted.iter().flatten().map(|q| q.len()).sum();
+        if issued >= cfg.ops && outstanding == 0 {
+            break;
+        }
+        if moved {
+            idle_rounds = 0;
+        } else {
+            idle_rounds += 1;
+            if idle_rounds > 1000 {
+                fail(
+                    &mut report,
+                    format!("stalled with {outstanding} work requests outstanding"),
+                );
+            }
+        }
+    }
+    // Every target area equals the model.
+    for (si, s) in sides.iter().enumerate() {
+        let mem = s.mrs.get(s.key).expect("key");
+        for q in 0..n {
+            if mem
+                .slice(BASE + q as u64 * PER_QP + T_OFF, AREA as usize)
+                .expect("area")
+                != &s.model[q][..]
+            {
+                fail(
+                    &mut report,
+                    format!("side {si} QP {q}: memory differs from the model"),
+                );
+            }
+        }
+    }
+    let st = net.stats(NodeId(0), NodeId(1)).unwrap_or_default();
+    let st2 = net.stats(NodeId(1), NodeId(0)).unwrap_or_default();
+    report.lost = st.lost + st2.lost;
+    report.duplicated = st.duplicated + st2.duplicated;
+    report.reordered = st.reordered + st2.reordered;
+    report.corrupted = st.corrupted + st2.corrupted;
+    report.sim_ns = now.as_nanos();
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix(loss: f64) -> Faults {
+        Faults {
+            loss,
+            reorder: loss / 2.0,
+            reorder_delay: Duration::from_micros(3),
+            duplicate: loss / 2.0,
+            corrupt: loss / 10.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn soak_every_opcode_under_every_loss_rate() {
+        for (seed, loss) in [(1u64, 0.0), (2, 0.001), (3, 0.01), (4, 0.1)] {
+            let cfg = SoakConfig {
+                seed,
+                qps: 4,
+                ops: 1500,
+                max_size: 65536,
+                faults: mix(loss),
+                depth: 16,
+            };
+            let r = run(&cfg);
+            assert_eq!(r.violation, None, "loss {loss}: {r:?}");
+            assert_eq!(r.completed, 1500, "loss {loss}: {r:?}");
+            if loss > 0.0 {
+                assert!(r.lost > 0, "faults happened: {r:?}");
+            }
+        }
+    }
+}
