@@ -1,0 +1,145 @@
+//! The RC engine alone, per 64 B and 4 KiB RDMA WRITE (one packet each at MTU 4096): the
+//! requester building the request, the responder checking and executing it and building its
+//! ACK, and the completer taking the ACK and completing the work request. Each stage is timed
+//! by itself (criterion's iter_custom) inside the same full round trip.
+//! `cargo bench -p bench --bench engine`
+
+use arrayvec::ArrayVec;
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use dataplane::time::Instant as SimInstant;
+use dataplane::transport::cq::CompletionQueue;
+use dataplane::transport::mr::{Access, MrTable};
+use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
+use dataplane::transport::rc::RcQp;
+use dataplane::transport::wr::{SendOp, SendWr, Sge};
+use std::time::{Duration, Instant};
+
+struct Node {
+    qp: RcQp,
+    mrs: MrTable,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    key: u32,
+}
+
+fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
+    let mut mrs = MrTable::new();
+    let pd = mrs.alloc_pd();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let key = mrs
+        .register(pd, 0x10000, Box::new(vec![7u8; 1 << 20]), all)
+        .unwrap();
+    let mut qp = RcQp::new(qpn, pd, 1024, 1024);
+    qp.modify(&QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        access: Some(all),
+        ..Default::default()
+    })
+    .unwrap();
+    let path = Path {
+        local_ip: format!("10.0.0.{me}").parse().unwrap(),
+        remote_ip: format!("10.0.0.{other}").parse().unwrap(),
+        local_mac: [2, 0, 0, 0, 0, me],
+        remote_mac: [2, 0, 0, 0, 0, other],
+        udp_sport: 0xc000,
+        dscp: 26,
+        ecn: 2,
+        vlan: None,
+    };
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rtr),
+        path: Some(path),
+        path_mtu: Some(Mtu::M4096),
+        dest_qp: Some(peer),
+        rq_psn: Some(0),
+        max_dest_rd_atomic: Some(4),
+        min_rnr_timer: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(0),
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(4),
+        ..Default::default()
+    })
+    .unwrap();
+    Node {
+        qp,
+        mrs,
+        scq: CompletionQueue::new(1 << 16),
+        rcq: CompletionQueue::new(1 << 16),
+        key,
+    }
+}
+
+/// Runs `iters` WRITEs of `len` bytes and returns the time spent in (requester, responder,
+/// completer).
+fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
+    let mut t = [Duration::ZERO; 3];
+    let mut frame = Vec::with_capacity(8192);
+    let mut ack = Vec::with_capacity(256);
+    let mut wcs = Vec::with_capacity(16);
+    let now = SimInstant(0);
+    for _ in 0..iters {
+        let mut sg = ArrayVec::new();
+        sg.push(Sge {
+            addr: 0x10000,
+            length: len,
+            lkey: a.key,
+        });
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: 0x20000,
+                rkey: b.key,
+            },
+            sg,
+            signaled: true,
+            solicited: false,
+        };
+        let s = Instant::now();
+        a.qp.post_send(wr).unwrap();
+        assert!(a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut frame));
+        t[0] += s.elapsed();
+        let s = Instant::now();
+        b.qp.handle_frame(now, &frame, &mut b.mrs, &mut b.scq, &mut b.rcq);
+        assert!(b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut ack));
+        t[1] += s.elapsed();
+        let s = Instant::now();
+        a.qp.handle_frame(now, &ack, &mut a.mrs, &mut a.scq, &mut a.rcq);
+        wcs.clear();
+        a.scq.poll(16, &mut wcs);
+        t[2] += s.elapsed();
+        assert_eq!(wcs.len(), 1);
+    }
+    t
+}
+
+fn benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_write");
+    for len in [64u32, 4096] {
+        for (stage, name) in ["requester_build", "responder_execute_and_ack", "completer"]
+            .iter()
+            .enumerate()
+        {
+            g.bench_with_input(BenchmarkId::new(*name, len), &len, |bch, &len| {
+                let mut a = node(0x11, 0x22, 1, 2);
+                let mut b = node(0x22, 0x11, 2, 1);
+                bch.iter_custom(|iters| rounds(&mut a, &mut b, len, iters)[stage]);
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = engine;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = benches
+}
+criterion_main!(engine);
