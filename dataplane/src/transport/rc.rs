@@ -556,7 +556,24 @@ impl RcQp {
             Verdict::Execute { mr_offset } => mr_offset,
             Verdict::Duplicate => {
                 if let (true, Some(r)) = (info.op.has(mask::READ), req.reth) {
-                    // Re-execute a duplicate READ from the PSN it asks for.
+                    // Re-execute a duplicate READ from the PSN it asks for. A response stream
+                    // still queued for the same READ (one whose PSNs reach the asked PSN) is
+                    // superseded, so repeated asks never pile up streams or exhaust
+                    // max_dest_rd_atomic.
+                    let before = self.responses.len();
+                    self.responses.retain(|x| match x {
+                        Response::Read {
+                            psn, next, count, ..
+                        } => {
+                            let (from, to) = (psn.add(*next), psn.add(count - 1));
+                            !(info.psn.diff(from) >= 0 && info.psn.diff(to) <= 0
+                                || from.diff(info.psn) >= 0 && psn.diff(info.psn) <= 0)
+                        }
+                        _ => true,
+                    });
+                    let superseded = (before - self.responses.len()) as u8;
+                    self.rd_atomic_outstanding =
+                        self.rd_atomic_outstanding.saturating_sub(superseded);
                     let count = r.dma_len.div_ceil(st.mtu.bytes()).max(1);
                     self.responses
                         .push_back(r_read(info.psn, r.rkey, r.va, r.dma_len, count, self.msn));
