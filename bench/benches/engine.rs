@@ -9,8 +9,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dataplane::time::Instant as SimInstant;
 use dataplane::transport::cq::CompletionQueue;
 use dataplane::transport::mr::{Access, MrTable};
-use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
-use dataplane::transport::rc::RcQp;
+use dataplane::transport::qp::{Mtu, Path};
+use dataplane::transport::rc::{Connect, RcQp};
 use dataplane::transport::wr::{SendOp, SendWr, Sge};
 use std::time::{Duration, Instant};
 
@@ -30,42 +30,19 @@ fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
         .register(pd, 0x10000, Box::new(vec![7u8; 1 << 20]), all)
         .unwrap();
     let mut qp = RcQp::new(qpn, pd, 1024, 1024);
-    qp.modify(&QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        access: Some(all),
-        ..Default::default()
-    })
-    .unwrap();
-    let path = Path {
-        local_ip: format!("10.0.0.{me}").parse().unwrap(),
-        remote_ip: format!("10.0.0.{other}").parse().unwrap(),
-        local_mac: [2, 0, 0, 0, 0, me],
-        remote_mac: [2, 0, 0, 0, 0, other],
-        udp_sport: 0xc000,
-        dscp: 26,
-        ecn: 2,
-        vlan: None,
-    };
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        path: Some(path),
-        path_mtu: Some(Mtu::M4096),
-        dest_qp: Some(peer),
-        rq_psn: Some(0),
-        max_dest_rd_atomic: Some(4),
-        min_rnr_timer: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(0),
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(4),
-        ..Default::default()
+    qp.connect(&Connect {
+        access: all,
+        path: Path::sim(me, other, 0xc000),
+        mtu: Mtu::M4096,
+        dest_qp: peer,
+        sq_psn: 0,
+        rq_psn: 0,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
     })
     .unwrap();
     Node {

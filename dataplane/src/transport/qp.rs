@@ -89,6 +89,23 @@ pub struct Path {
     pub vlan: Option<(u16, u8)>,
 }
 
+impl Path {
+    /// The addressing of simulated endpoints: node `me` is 10.0.0.`me` with MAC
+    /// 02:00:00:00:00:`me`, talking to node `other`; DSCP 26, ECT(0), no VLAN.
+    pub fn sim(me: u8, other: u8, udp_sport: u16) -> Path {
+        Path {
+            local_ip: core::net::IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, me)),
+            remote_ip: core::net::IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, other)),
+            local_mac: [2, 0, 0, 0, 0, me],
+            remote_mac: [2, 0, 0, 0, 0, other],
+            udp_sport,
+            dscp: 26,
+            ecn: 2,
+            vlan: None,
+        }
+    }
+}
+
 /// Attributes for a modify; `None` means "not given".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpAttr {

@@ -80,6 +80,35 @@ enum Response {
     },
 }
 
+/// Everything an RC QP needs to go RESET -> INIT -> RTR -> RTS in one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connect {
+    /// Remote access the QP allows.
+    pub access: super::mr::Access,
+    /// Where the remote end is.
+    pub path: super::qp::Path,
+    /// Path MTU.
+    pub mtu: super::qp::Mtu,
+    /// The remote QP.
+    pub dest_qp: u32,
+    /// First PSN we send.
+    pub sq_psn: u32,
+    /// First PSN we expect.
+    pub rq_psn: u32,
+    /// ACK timeout code (4.096 us * 2^timeout).
+    pub timeout: u8,
+    /// Retries after timeouts and sequence NAKs.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer code we send.
+    pub min_rnr_timer: u8,
+    /// READs/atomics we may have outstanding.
+    pub max_rd_atomic: u8,
+    /// READs/atomics we accept outstanding.
+    pub max_dest_rd_atomic: u8,
+}
+
 /// One RC queue pair.
 #[derive(Debug)]
 pub struct RcQp {
@@ -169,6 +198,36 @@ impl RcQp {
         self.retries_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
         Ok(())
+    }
+
+    /// Takes a QP in RESET through INIT and RTR to RTS; stops at the first refused step.
+    pub fn connect(&mut self, c: &Connect) -> Result<(), super::qp::ModifyError> {
+        use super::qp::QpAttr;
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            access: Some(c.access),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            path: Some(c.path),
+            path_mtu: Some(c.mtu),
+            dest_qp: Some(c.dest_qp),
+            rq_psn: Some(c.rq_psn),
+            max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
+            min_rnr_timer: Some(c.min_rnr_timer),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(c.sq_psn),
+            timeout: Some(c.timeout),
+            retry_cnt: Some(c.retry_cnt),
+            rnr_retry: Some(c.rnr_retry),
+            max_rd_atomic: Some(c.max_rd_atomic),
+            ..Default::default()
+        })
     }
 
     /// Posts a send work request.

@@ -18,8 +18,8 @@
 
 use super::cq::{CompletionQueue, WcOpcode, WcStatus};
 use super::mr::{Access, MrTable, PdHandle};
-use super::qp::{Mtu, Path, QpAttr, QpState};
-use super::rc::RcQp;
+use super::qp::{Mtu, Path};
+use super::rc::{Connect, RcQp};
 use super::wr::{RecvWr, SendOp, SendWr, Sge};
 use crate::sim::{Faults, LinkConfig, NodeId, SimNet, SplitMix64};
 use crate::time::Instant;
@@ -145,48 +145,24 @@ fn side(n: usize, me: u8, seed: u64) -> Side {
 }
 
 fn connect(qp: &mut RcQp, peer: u32, me: u8, other: u8, mtu: Mtu) {
-    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    qp.modify(&QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        access: Some(all),
-        ..Default::default()
-    })
-    .expect("init");
-    let path = Path {
-        local_ip: format!("10.0.0.{me}").parse().expect("ip"),
-        remote_ip: format!("10.0.0.{other}").parse().expect("ip"),
-        local_mac: [2, 0, 0, 0, 0, me],
-        remote_mac: [2, 0, 0, 0, 0, other],
-        udp_sport: 0xc000 | (qp.qpn as u16 & 0x3fff),
-        dscp: 26,
-        ecn: 2,
-        vlan: None,
-    };
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        path: Some(path),
-        path_mtu: Some(mtu),
-        dest_qp: Some(peer),
-        rq_psn: Some(0xff_ff00),
-        max_dest_rd_atomic: Some(16),
-        min_rnr_timer: Some(1),
-        ..Default::default()
-    })
-    .expect("rtr");
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(0xff_ff00),
+    let c = Connect {
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        path: Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff)),
+        mtu,
+        dest_qp: peer,
+        sq_psn: 0xff_ff00,
+        rq_psn: 0xff_ff00,
         // 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB messages queued on
         // one link and go-back-N under 10 % loss, a shorter timer fires while data is still
         // queued and its spurious retransmissions feed the queue.
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(16),
-        ..Default::default()
-    })
-    .expect("rts");
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+    };
+    qp.connect(&c).expect("connect");
 }
 
 /// A ring allocator over one area: hands out non-overlapping ranges, freed in order.

@@ -4,7 +4,7 @@ use super::*;
 use crate::sim::{Faults, LinkConfig, NodeId, SimNet};
 use crate::time::Instant;
 use crate::transport::mr::Access;
-use crate::transport::qp::{Mtu, Path, QpAttr};
+use crate::transport::qp::{Mtu, Path};
 use crate::transport::wr::Sge;
 use arrayvec::ArrayVec;
 use core::time::Duration;
@@ -45,42 +45,19 @@ fn node_retries(
         .collect();
     let key = mrs.register(pd, BASE, Box::new(mem), all).unwrap();
     let mut qp = RcQp::new(qpn, pd, 64, 64);
-    qp.modify(&QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        access: Some(all),
-        ..Default::default()
-    })
-    .unwrap();
-    let path = Path {
-        local_ip: format!("10.0.0.{me}").parse().unwrap(),
-        remote_ip: format!("10.0.0.{other}").parse().unwrap(),
-        local_mac: [2, 0, 0, 0, 0, me],
-        remote_mac: [2, 0, 0, 0, 0, other],
-        udp_sport: 0xc000 | qpn as u16,
-        dscp: 26,
-        ecn: 2,
-        vlan: None,
-    };
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        path: Some(path),
-        path_mtu: Some(mtu),
-        dest_qp: Some(peer),
-        rq_psn: Some(rq_psn),
-        max_dest_rd_atomic: Some(4),
-        min_rnr_timer: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(sq_psn),
-        timeout: Some(14),
-        retry_cnt: Some(retry_cnt),
-        rnr_retry: Some(rnr_retry),
-        max_rd_atomic: Some(4),
-        ..Default::default()
+    qp.connect(&Connect {
+        access: all,
+        path: Path::sim(me, other, 0xc000 | qpn as u16),
+        mtu,
+        dest_qp: peer,
+        sq_psn,
+        rq_psn,
+        timeout: 14,
+        retry_cnt,
+        rnr_retry,
+        min_rnr_timer: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
     })
     .unwrap();
     Node {
