@@ -395,7 +395,7 @@ impl RcQp {
             pk.psn = self.una;
         }
         let b = self.bth(pk.opcode, pk.psn, pk.ack_req, w.wr.solicited && pk.last);
-        let sg = w.wr.sg.clone();
+        let sg = &w.wr.sg; // borrowed, not copied: emit() only reads self
         let payload = if matches!(
             opv,
             SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
@@ -405,7 +405,7 @@ impl RcQp {
             pk.len as usize
         };
         match self.emit(out, b, ext, payload, |dst| {
-            gather(mrs, &sg, pk.offset as u64, dst)
+            gather(mrs, sg, pk.offset as u64, dst)
         }) {
             Some(Ok(())) => {}
             Some(Err(_)) => {
