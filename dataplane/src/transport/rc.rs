@@ -80,6 +80,43 @@ enum Response {
     },
 }
 
+/// How far past the oldest missing PSN READ responses are placed on arrival.
+pub const READ_WINDOW: u32 = 256;
+
+/// Which READ response PSNs at or after `una` have been placed in the local buffer: a ring of
+/// [`READ_WINDOW`] bits indexed by PSN. Responses that arrive after a lost one are kept, so a
+/// READ asked again only needs its holes filled (out-of-order placement, as RNICs built for
+/// adaptive routing do); without it every lost response costs the whole rest of the READ.
+#[derive(Clone, Copy, Debug, Default)]
+struct ReadWindow([u64; (READ_WINDOW / 64) as usize]);
+
+impl ReadWindow {
+    fn bit(psn: Psn) -> (usize, u64) {
+        let i = psn.value() % READ_WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+    fn has(&self, psn: Psn) -> bool {
+        let (w, b) = Self::bit(psn);
+        self.0[w] & b != 0
+    }
+    fn set(&mut self, psn: Psn) {
+        let (w, b) = Self::bit(psn);
+        self.0[w] |= b;
+    }
+    /// From `una`, clears the placed run and returns the new oldest missing PSN.
+    fn advance(&mut self, mut una: Psn) -> Psn {
+        while self.has(una) {
+            let (w, b) = Self::bit(una);
+            self.0[w] &= !b;
+            una = una.add(1);
+        }
+        una
+    }
+    fn clear(&mut self) {
+        self.0 = [0; (READ_WINDOW / 64) as usize];
+    }
+}
+
 /// Everything an RC QP needs to go RESET -> INIT -> RTR -> RTS in one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Connect {
@@ -128,6 +165,8 @@ pub struct RcQp {
     rd_atomic_inflight: u8,
     /// Oldest PSN not yet acknowledged.
     una: Psn,
+    /// READ responses placed past `una` (for the READ at the front).
+    read_win: ReadWindow,
     /// One past the highest PSN ever sent (a rewind does not lower it).
     sent_hw: Psn,
     retries_left: u8,
@@ -167,6 +206,7 @@ impl RcQp {
             next_psn: Psn::new(0),
             rd_atomic_inflight: 0,
             una: Psn::new(0),
+            read_win: ReadWindow::default(),
             sent_hw: Psn::new(0),
             retries_left: 0,
             rnr_left: 0,
@@ -950,21 +990,39 @@ impl RcQp {
             let w = &self.sq[0];
             let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
             if info.op.has(mask::READ) {
-                if psn.diff(self.una) != 0 {
-                    // A gap (the timer or an implied NAK will ask again from `una`), or a
-                    // response already taken.
+                let ahead = psn.diff(self.una);
+                if ahead < 0 || ahead as u32 >= READ_WINDOW {
+                    // Already placed, or too far past a hole to keep: asked again later.
                     return;
                 }
-                let at = psn.diff(w.first_psn) as u64 * mtu;
-                if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
-                    self.fail_front(0, WcStatus::LocProtErr, cq);
-                    return;
+                if !self.read_win.has(psn) {
+                    let at = psn.diff(w.first_psn) as u64 * mtu;
+                    if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
+                        self.fail_front(0, WcStatus::LocProtErr, cq);
+                        return;
+                    }
+                    self.read_win.set(psn);
+                    self.una = self.read_win.advance(self.una);
+                    if self.una.diff(self.sq[0].last_psn()) > 0 {
+                        self.complete_upto(1, cq);
+                        self.progress();
+                        return;
+                    }
+                    // New data placed: progress, even if it sits past a hole.
+                    self.progress();
                 }
-                self.una = psn.add(1);
-                if info.op.has(mask::LAST) {
-                    self.complete_upto(1, cq);
+                if info.op.has(mask::LAST) && !self.retrying {
+                    // The stream ended with holes: ask again from the oldest now rather than
+                    // wait for the ACK timer (rxe retries at once on a READ response gap).
+                    self.retrying = true;
+                    if self.retries_left == 0 {
+                        self.fail_front(0, WcStatus::RetryExcErr, cq);
+                        return;
+                    }
+                    self.retries_left -= 1;
+                    let una = self.una;
+                    self.rewind(una);
                 }
-                self.progress();
                 return;
             }
             if let Some(a) = info.atomic_ack(frame) {
@@ -1018,6 +1076,9 @@ impl RcQp {
 
     /// Completes the first `n` work requests successfully.
     fn complete_upto(&mut self, n: usize, cq: &mut CompletionQueue) {
+        if n > 0 {
+            self.read_win.clear();
+        }
         for _ in 0..n {
             let w = self.sq.pop_front().expect("n <= len");
             if self.send_idx > 0 {
@@ -1044,6 +1105,7 @@ impl RcQp {
     /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it).
     fn fail_front(&mut self, i: usize, status: WcStatus, cq: &mut CompletionQueue) {
         self.complete_upto(i, cq);
+        self.read_win.clear();
         if let Some(w) = self.sq.pop_front() {
             let _ = cq.push(wc(w.wr.wr_id, status, w.wr.op.wc_opcode(), 0, self.qpn));
         }

@@ -458,6 +458,18 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         for (si, s) in sides.iter_mut().enumerate() {
             for q in 0..n {
                 while s.qps[q].poll_transmit(now, &s.mrs, &mut s.scq[q], &mut buf) {
+                    if std::env::var_os("SOAK_TRACE_TX").is_some()
+                        && let Ok(p) = parse(&buf, Checks::NONE)
+                    {
+                        eprintln!(
+                            "{:>10} tx{} qp {:#x} {} psn {}",
+                            now.as_nanos(),
+                            si,
+                            p.dest_qp,
+                            p.op.name,
+                            p.psn.value()
+                        );
+                    }
                     net.send(now, NodeId(si as u16), NodeId(1 - si as u16), buf.clone());
                     moved = true;
                 }
@@ -490,12 +502,14 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     && let Ok(p) = parse(&f, Checks::NONE)
                 {
                     eprintln!(
-                        "{:>10} ->{} {:<34} psn {:>8} {:?}",
+                        "{:>10} ->{} qp {:#x} {:<34} psn {:>8} {:?} {:?}",
                         now.as_nanos(),
                         to.0,
+                        p.dest_qp,
                         p.op.name,
                         p.psn.value(),
-                        p.aeth(&f).map(|a| a.syndrome)
+                        p.aeth(&f).map(|a| a.syndrome),
+                        p.reth(&f).map(|r| (r.va, r.dma_len))
                     );
                 }
                 let s = &mut sides[to.0 as usize];

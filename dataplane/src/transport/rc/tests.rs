@@ -561,6 +561,57 @@ fn duplicate_read_is_re_executed() {
 }
 
 #[test]
+fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() {
+    // A READ of 8 packets from a PSN that wraps; response 2 is lost once and response 5 twice.
+    // The rest are placed as they arrive; the LAST response shows the holes, so the READ is
+    // asked again at once (no ACK timeout) from the first hole, and then from the second.
+    let (mut a, mut b) = pair(Mtu::M256, 0xff_fffd, 0);
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: BASE + 100,
+            rkey: b.key,
+        },
+        sg: sg(a.key, BASE, 8 * 256),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    let mut requests = Vec::new();
+    let mut lost = [0; 8];
+    let end = pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        let info = parse(f, Checks::ALL).unwrap();
+        if from == 0 {
+            let r = info.reth(f).unwrap();
+            requests.push((info.psn.value(), r.dma_len));
+            return false;
+        }
+        let k = info.psn.diff(Psn::new(0xff_fffd)) as usize;
+        if (k == 2 && lost[k] < 1) || (k == 5 && lost[k] < 2) {
+            lost[k] += 1;
+            return true;
+        }
+        false
+    });
+    let first = Psn::new(0xff_fffd);
+    assert_eq!(
+        requests,
+        vec![
+            (first.value(), 8 * 256),
+            (first.add(2).value(), 6 * 256),
+            (first.add(5).value(), 3 * 256),
+        ]
+    );
+    assert!(
+        end < Instant(1_000_000),
+        "no ACK timeout was needed: {end:?}"
+    );
+    assert_eq!(bytes(&a, BASE, 8 * 256), bytes(&b, BASE + 100, 8 * 256));
+    let c = polled(&mut a.scq);
+    assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
+}
+
+#[test]
 fn duplicate_atomic_is_answered_from_the_replay_cache() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     let target = BASE + 0x100;
