@@ -10,7 +10,7 @@ use dataplane::time::Instant as SimInstant;
 use dataplane::transport::cq::CompletionQueue;
 use dataplane::transport::mr::{Access, MrTable};
 use dataplane::transport::qp::{Mtu, Path};
-use dataplane::transport::rc::{Connect, RcQp};
+use dataplane::transport::rc::{Connect, QpCaps, RcQp};
 use dataplane::transport::wr::{SendOp, SendWr, Sge};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,16 @@ fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
     let key = mrs
         .register(pd, 0x10000, Box::new(vec![7u8; 1 << 20]), all)
         .unwrap();
-    let mut qp = RcQp::new(qpn, pd, 1024, 1024);
+    let mut qp = RcQp::new(
+        qpn,
+        pd,
+        QpCaps {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     qp.connect(&Connect {
         access: all,
         path: Path::sim(me, other, 0xc000),

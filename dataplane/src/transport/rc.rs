@@ -20,7 +20,9 @@ use super::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 use super::mr::{MrError, MrTable, PdHandle};
 use super::qp::{QpConfig, QpState};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
-use super::wr::{Plan, RecvWr, SendOp, SendWr, WrError, ext_headers, gather, plan};
+use super::wr::{
+    MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers, gather, plan,
+};
 use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::ipv4::{self, Ecn};
@@ -49,6 +51,74 @@ struct SendWqe {
     wr: SendWr,
     plan: Plan,
     first_psn: Psn,
+    /// Message length.
+    len: u64,
+    /// Where its inline data sits in the QP's inline buffer, if it was posted inline.
+    inline_at: Option<usize>,
+}
+
+/// What a QP is created with; checked against the device limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send work requests outstanding at most.
+    pub max_send_wr: u32,
+    /// Receive work requests outstanding at most.
+    pub max_recv_wr: u32,
+    /// SG entries per send work request.
+    pub max_send_sge: u32,
+    /// SG entries per receive work request.
+    pub max_recv_sge: u32,
+    /// Bytes a send work request may carry inline (copied at post time).
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: MAX_SGE as u32,
+            max_recv_sge: MAX_SGE as u32,
+            max_inline_data: 0,
+        }
+    }
+}
+
+/// Most work requests a queue may hold (the device limit).
+pub const MAX_QP_WR: u32 = 16384;
+
+/// Why a QP could not be created with the caps asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CapsError {
+    /// A cap is zero or above the device limit; names it.
+    #[error(
+        "{0} is out of range (max_send_wr/max_recv_wr 1-16384, SGEs 1-8, max_inline_data 0-512)"
+    )]
+    OutOfRange(&'static str),
+}
+
+impl QpCaps {
+    /// Checks every cap against the device limits.
+    pub fn validate(&self) -> Result<(), CapsError> {
+        let r = |ok: bool, name| {
+            if ok {
+                Ok(())
+            } else {
+                Err(CapsError::OutOfRange(name))
+            }
+        };
+        r((1..=MAX_QP_WR).contains(&self.max_send_wr), "max_send_wr")?;
+        r((1..=MAX_QP_WR).contains(&self.max_recv_wr), "max_recv_wr")?;
+        r(
+            (1..=MAX_SGE as u32).contains(&self.max_send_sge),
+            "max_send_sge",
+        )?;
+        r(
+            (1..=MAX_SGE as u32).contains(&self.max_recv_sge),
+            "max_recv_sge",
+        )?;
+        r(self.max_inline_data <= MAX_INLINE_DATA, "max_inline_data")
+    }
 }
 
 impl SendWqe {
@@ -155,8 +225,12 @@ pub struct RcQp {
     pub pd: PdHandle,
     /// Attributes and state.
     pub cfg: QpConfig,
-    max_send_wr: usize,
-    max_recv_wr: usize,
+    caps: QpCaps,
+    /// Inline data of posted work requests: one slot of max_inline_data bytes per send queue
+    /// entry, used in posting order (the send queue completes in order, so slots never clash).
+    inline_buf: Vec<u8>,
+    /// Send work requests ever posted (picks the inline slot).
+    posted: u64,
     // Requester and completer.
     sq: VecDeque<SendWqe>,
     send_idx: usize,
@@ -192,15 +266,17 @@ pub struct RcQp {
 }
 
 impl RcQp {
-    /// A QP in RESET.
-    pub fn new(qpn: u32, pd: PdHandle, max_send_wr: usize, max_recv_wr: usize) -> Self {
-        RcQp {
+    /// A QP in RESET with these caps (refused if one is out of the device's range).
+    pub fn new(qpn: u32, pd: PdHandle, caps: QpCaps) -> Result<Self, CapsError> {
+        caps.validate()?;
+        Ok(RcQp {
             qpn,
             pd,
             cfg: QpConfig::default(),
-            max_send_wr,
-            max_recv_wr,
-            sq: VecDeque::with_capacity(max_send_wr),
+            caps,
+            inline_buf: vec![0; caps.max_send_wr as usize * caps.max_inline_data as usize],
+            posted: 0,
+            sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             send_idx: 0,
             send_pkt: 0,
             next_psn: Psn::new(0),
@@ -214,7 +290,7 @@ impl RcQp {
             ack_deadline: None,
             rnr_until: None,
             now: Instant::ZERO,
-            rq: VecDeque::with_capacity(max_recv_wr),
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_cur: None,
             write_cur: None,
             write_len: 0,
@@ -224,7 +300,12 @@ impl RcQp {
             rd_atomic_outstanding: 0,
             responses: VecDeque::new(),
             replay: ArrayVec::new(),
-        }
+        })
+    }
+
+    /// The caps it was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
     }
 
     /// Applies a modify (see [`QpConfig::modify`]) and takes the new PSNs.
@@ -272,20 +353,50 @@ impl RcQp {
 
     /// Posts a send work request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.post(wr, None)
+    }
+
+    /// Posts a SEND or WRITE whose payload is `data`, copied now (verbs' IBV_SEND_INLINE: the
+    /// caller's buffer is free again as soon as this returns, and no local key is involved).
+    /// The work request's SG list must be empty; `data` may be up to max_inline_data bytes.
+    pub fn post_send_inline(&mut self, wr: SendWr, data: &[u8]) -> Result<(), PostError> {
+        if !wr.sg.is_empty()
+            || data.len() > self.caps.max_inline_data as usize
+            || wr.op.is_read_or_atomic()
+        {
+            return Err(WrError::BadInline.into());
+        }
+        self.post(wr, Some(data))
+    }
+
+    fn post(&mut self, wr: SendWr, inline: Option<&[u8]>) -> Result<(), PostError> {
         if !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
             return Err(PostError::BadState);
         }
-        if self.sq.len() >= self.max_send_wr {
+        if self.sq.len() >= self.caps.max_send_wr as usize {
             return Err(PostError::Full);
         }
+        if wr.sg.len() > self.caps.max_send_sge as usize {
+            return Err(WrError::TooManySge.into());
+        }
         let mtu = self.cfg.path_mtu.ok_or(PostError::BadState)?;
-        let p = plan(wr.op, wr.length(), mtu, self.next_psn)?;
+        let len = inline.map_or_else(|| wr.length(), |d| d.len() as u64);
+        let p = plan(wr.op, len, mtu, self.next_psn)?;
+        let inline_at = inline.map(|d| {
+            let slot = (self.posted % self.caps.max_send_wr as u64) as usize;
+            let at = slot * self.caps.max_inline_data as usize;
+            self.inline_buf[at..at + d.len()].copy_from_slice(d);
+            at
+        });
+        self.posted += 1;
         let first_psn = self.next_psn;
         self.next_psn = self.next_psn.add(p.psns);
         self.sq.push_back(SendWqe {
             wr,
             plan: p,
             first_psn,
+            len,
+            inline_at,
         });
         Ok(())
     }
@@ -295,8 +406,11 @@ impl RcQp {
         if self.cfg.state == QpState::Reset {
             return Err(PostError::BadState);
         }
-        if self.rq.len() >= self.max_recv_wr {
+        if self.rq.len() >= self.caps.max_recv_wr as usize {
             return Err(PostError::Full);
+        }
+        if wr.sg.len() > self.caps.max_recv_sge as usize {
+            return Err(WrError::TooManySge.into());
         }
         self.rq.push_back(wr);
         Ok(())
@@ -420,7 +534,7 @@ impl RcQp {
         }
         let mut pk = w.plan.packet(self.send_pkt);
         let opv = w.wr.op;
-        let mut ext = ext_headers(opv, &pk, w.wr.length());
+        let mut ext = ext_headers(opv, &pk, w.len);
         // A READ resent after some of its responses arrived asks only for the rest, from the
         // oldest PSN still missing (as rxe does): a long READ over a lossy path would otherwise
         // never finish.
@@ -436,6 +550,9 @@ impl RcQp {
         }
         let b = self.bth(pk.opcode, pk.psn, pk.ack_req, w.wr.solicited && pk.last);
         let sg = &w.wr.sg; // borrowed, not copied: emit() only reads self
+        let inline = w
+            .inline_at
+            .map(|at| &self.inline_buf[at..at + w.len as usize]);
         let payload = if matches!(
             opv,
             SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
@@ -444,8 +561,12 @@ impl RcQp {
         } else {
             pk.len as usize
         };
-        match self.emit(out, b, ext, payload, |dst| {
-            gather(mrs, sg, pk.offset as u64, dst)
+        match self.emit(out, b, ext, payload, |dst| match inline {
+            Some(d) => {
+                dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
+                Ok(())
+            }
+            None => gather(mrs, sg, pk.offset as u64, dst),
         }) {
             Some(Ok(())) => {}
             Some(Err(_)) => {
@@ -1090,7 +1211,7 @@ impl RcQp {
                 self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
             }
             if w.wr.signaled {
-                let len = w.wr.length() as u32;
+                let len = w.len as u32;
                 let _ = cq.push(wc(
                     w.wr.wr_id,
                     WcStatus::Success,

@@ -19,7 +19,7 @@
 use super::cq::{CompletionQueue, WcOpcode, WcStatus};
 use super::mr::{Access, MrTable, PdHandle};
 use super::qp::{Mtu, Path};
-use super::rc::{Connect, RcQp};
+use super::rc::{Connect, QpCaps, RcQp};
 use super::wr::{RecvWr, SendOp, SendWr, Sge};
 use crate::sim::{Faults, LinkConfig, NodeId, SimNet, SplitMix64};
 use crate::time::Instant;
@@ -75,6 +75,8 @@ const K_OFF: u64 = 2 * AREA; // sinks of READs and atomics
 const R_OFF: u64 = 3 * AREA; // receive buffers
 const PER_QP: u64 = 4 * AREA;
 const BASE: u64 = 0x1000_0000;
+/// SENDs and WRITEs up to this size are posted inline a third of the time.
+const INLINE: u32 = 256;
 
 struct Side {
     mrs: MrTable,
@@ -132,7 +134,17 @@ fn side(n: usize, me: u8, seed: u64) -> Side {
         .register(pd, BASE, Box::new(mem), all)
         .expect("register");
     let qps = (0..n)
-        .map(|i| RcQp::new(0x100 * me as u32 + i as u32, pd, 256, 256))
+        .map(|i| {
+            RcQp::new(
+                0x100 * me as u32 + i as u32,
+                pd,
+                QpCaps {
+                    max_inline_data: INLINE,
+                    ..QpCaps::default()
+                },
+            )
+            .expect("caps")
+        })
         .collect();
     Side {
         mrs,
@@ -444,7 +456,16 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
             if std::env::var_os("SOAK_TRACE").is_some() {
                 eprintln!("post side {me} qp {q} wr {id} {op:?} len {size}");
             }
-            if let Err(e) = mine.qps[q].post_send(wr) {
+            let posted_wr = if !op.is_read_or_atomic() && size <= INLINE && rng.chance(0.33) {
+                let wr = SendWr {
+                    sg: ArrayVec::new(),
+                    ..wr
+                };
+                mine.qps[q].post_send_inline(wr, &src_bytes)
+            } else {
+                mine.qps[q].post_send(wr)
+            };
+            if let Err(e) = posted_wr {
                 fail(&mut report, format!("post_send refused: {e}"));
                 break;
             }

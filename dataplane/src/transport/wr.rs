@@ -15,8 +15,10 @@ use crate::wire::opcode::op;
 use crate::wire::{Psn, atomic_eth, packet::ExtRepr, reth};
 use arrayvec::ArrayVec;
 
-/// Scatter/gather entries per work request.
+/// Scatter/gather entries per work request (the device limit; a QP's own limit may be lower).
 pub const MAX_SGE: usize = 8;
+/// Most bytes a work request may carry inline (the device limit).
+pub const MAX_INLINE_DATA: u32 = 512;
 /// A packet in every this many of a message asks for an ACK.
 pub const ACK_EVERY: u32 = 64;
 
@@ -146,6 +148,12 @@ pub enum WrError {
     /// Atomics move exactly 8 bytes to an 8-byte-aligned address.
     #[error("atomics need an 8-byte SG list and an aligned remote address")]
     BadAtomic,
+    /// More SG entries than the QP was created for.
+    #[error("more scatter/gather entries than the QP's max_send_sge/max_recv_sge")]
+    TooManySge,
+    /// Inline data longer than the QP's max_inline_data, or inline on a READ or atomic.
+    #[error("inline data longer than max_inline_data, or on an operation that carries none")]
+    BadInline,
 }
 
 /// One packet of a message.

@@ -44,7 +44,17 @@ fn node_retries(
         .map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(me as u32) as u8)
         .collect();
     let key = mrs.register(pd, BASE, Box::new(mem), all).unwrap();
-    let mut qp = RcQp::new(qpn, pd, 64, 64);
+    let mut qp = RcQp::new(
+        qpn,
+        pd,
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_inline_data: 400,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     qp.connect(&Connect {
         access: all,
         path: Path::sim(me, other, 0xc000 | qpn as u16),
@@ -664,4 +674,186 @@ fn completion_queue_overflow() {
     pump(&mut a, &mut b);
     assert!(a.scq.in_error());
     assert_eq!(polled(&mut a.scq).len(), 1);
+}
+
+#[test]
+fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
+    let (mut a, mut b) = pair(Mtu::M256, 0xff_fff0, 0);
+    let mut data: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+    let want = data.clone();
+    let len_of = |id: u64| {
+        if id.is_multiple_of(100) {
+            300
+        } else {
+            (id % 300) as usize + 1
+        }
+    };
+    // Three rounds of more work requests than the send queue holds, so inline slots are reused.
+    for round in 0..3u64 {
+        for i in 0..30u64 {
+            let id = round * 100 + i;
+            b.qp.post_recv(RecvWr {
+                wr_id: id,
+                sg: sg(b.key, BASE + 8192, 300),
+            })
+            .unwrap();
+            let len = len_of(id);
+            let wr = |op| SendWr {
+                wr_id: id,
+                op,
+                sg: ArrayVec::new(),
+                signaled: true,
+                solicited: false,
+            };
+            a.qp.post_send_inline(wr(SendOp::Send), &data[..len])
+                .unwrap();
+            a.qp.post_send_inline(
+                wr(SendOp::Write {
+                    remote_addr: BASE + 4096,
+                    rkey: b.key,
+                }),
+                &data[..len],
+            )
+            .unwrap();
+        }
+        // The caller's buffer may change as soon as the posts return.
+        data.iter_mut().for_each(|x| *x = 0xee);
+        // Lose the second packet of the first 300-byte message once: go-back-N rebuilds
+        // packets from the inline copy.
+        let mut lost = false;
+        pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+            let p = parse(f, Checks::ALL).unwrap();
+            if from == 0 && !lost && p.opcode == op::RC_SEND_LAST {
+                lost = true;
+                return true;
+            }
+            false
+        });
+        assert!(lost);
+        let s = polled(&mut a.scq);
+        assert_eq!(s.len(), 60);
+        assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+        let r = polled(&mut b.rcq);
+        assert_eq!(r.len(), 30);
+        for c in &r {
+            assert_eq!(c.status, WcStatus::Success);
+            assert_eq!(c.byte_len as usize, len_of(c.wr_id));
+        }
+        assert_eq!(bytes(&b, BASE + 8192, 30), want[..30].to_vec());
+        assert_eq!(bytes(&b, BASE + 4096, 30), want[..30].to_vec());
+        data.copy_from_slice(&want);
+    }
+}
+
+#[test]
+fn caps_are_checked_at_create_and_post() {
+    let mut mrs = MrTable::new();
+    let pd = mrs.alloc_pd();
+    let bad = |c: QpCaps| RcQp::new(1, pd, c).unwrap_err();
+    let d = QpCaps::default();
+    assert_eq!(
+        bad(QpCaps {
+            max_send_wr: 0,
+            ..d
+        }),
+        CapsError::OutOfRange("max_send_wr")
+    );
+    assert_eq!(
+        bad(QpCaps {
+            max_recv_wr: 20000,
+            ..d
+        }),
+        CapsError::OutOfRange("max_recv_wr")
+    );
+    assert_eq!(
+        bad(QpCaps {
+            max_send_sge: 9,
+            ..d
+        }),
+        CapsError::OutOfRange("max_send_sge")
+    );
+    assert_eq!(
+        bad(QpCaps {
+            max_recv_sge: 0,
+            ..d
+        }),
+        CapsError::OutOfRange("max_recv_sge")
+    );
+    assert_eq!(
+        bad(QpCaps {
+            max_inline_data: 513,
+            ..d
+        }),
+        CapsError::OutOfRange("max_inline_data")
+    );
+
+    let (mut a, _b) = pair(Mtu::M1024, 0, 0);
+    let key = a.key;
+    let wr = |op, n: usize| SendWr {
+        wr_id: 9,
+        op,
+        sg: (0..n)
+            .map(|i| Sge {
+                addr: BASE + i as u64 * 8,
+                length: 8,
+                lkey: key,
+            })
+            .collect(),
+        signaled: true,
+        solicited: false,
+    };
+    let write = SendOp::Write {
+        remote_addr: BASE,
+        rkey: 1,
+    };
+    let read = SendOp::Read {
+        remote_addr: BASE,
+        rkey: 1,
+    };
+    let too_long = vec![0u8; 401];
+    let bad_post = PostError::Wr(WrError::BadInline);
+    assert_eq!(
+        a.qp.post_send_inline(wr(write, 0), &too_long),
+        Err(bad_post)
+    );
+    assert_eq!(a.qp.post_send_inline(wr(write, 1), &[1, 2]), Err(bad_post));
+    assert_eq!(a.qp.post_send_inline(wr(read, 0), &[1, 2]), Err(bad_post));
+    // A QP with fewer SGEs than the device refuses longer lists.
+    let mut small = RcQp::new(
+        7,
+        a.qp.pd,
+        QpCaps {
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            ..d
+        },
+    )
+    .unwrap();
+    small
+        .connect(&Connect {
+            access: Access::REMOTE_WRITE,
+            path: Path::sim(1, 2, 0xc007),
+            mtu: Mtu::M1024,
+            dest_qp: 8,
+            sq_psn: 0,
+            rq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+        })
+        .unwrap();
+    let too_many = PostError::Wr(WrError::TooManySge);
+    assert_eq!(small.post_send(wr(write, 3)), Err(too_many));
+    assert_eq!(small.post_send(wr(write, 2)), Ok(()));
+    assert_eq!(
+        small.post_recv(RecvWr {
+            wr_id: 1,
+            sg: wr(write, 2).sg
+        }),
+        Err(too_many)
+    );
+    assert_eq!(small.outstanding(), 1, "refused posts left nothing behind");
 }
