@@ -87,6 +87,7 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
             sg,
             signaled: true,
             solicited: false,
+            fence: false,
         };
         let s = Instant::now();
         a.qp.post_send(wr).unwrap();

@@ -526,9 +526,9 @@ impl RcQp {
             return false;
         }
         let w = &self.sq[self.send_idx];
-        if w.wr.op.is_read_or_atomic()
-            && self.send_pkt == 0
-            && self.rd_atomic_inflight >= self.cfg.max_rd_atomic
+        if self.send_pkt == 0
+            && (w.wr.op.is_read_or_atomic() && self.rd_atomic_inflight >= self.cfg.max_rd_atomic
+                || w.wr.fence && self.rd_atomic_inflight > 0)
         {
             return false;
         }

@@ -11,8 +11,8 @@
 //!
 //! A READ that is retried is executed again and returns memory as it is then: IB lets a later
 //! WRITE or atomic on the same QP land before a READ's data is returned, which is what the
-//! fence flag is for. Without fences, the generator does not write memory that an outstanding
-//! READ on the same QP reads.
+//! fence flag is for. So a WRITE or atomic to memory that an outstanding READ on the same QP
+//! reads is posted with the fence flag, and the model holds only if fences work.
 //!
 //! `SOAK_TRACE=1` prints every work request posted and every frame delivered (to stderr).
 
@@ -310,6 +310,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     .iter()
                     .any(|(_, s, l)| start < s + l && *s < start + len.max(1))
             };
+            let mut fence = false;
             let (op, sg, expect) = match kind {
                 0 | 1 => {
                     // SEND (with immediate half the time) into a receive posted just before.
@@ -339,9 +340,8 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     )
                 }
                 2 | 3 => {
-                    if overlaps_read(dst, size as u64) {
-                        continue;
-                    }
+                    // A write to memory an outstanding READ reads waits for it (fence).
+                    fence = overlaps_read(dst, size as u64);
                     let imm = (kind == 3).then(|| rng.next_u64() as u32);
                     if let Some(imm) = imm {
                         let Some(at) = rrings[peer][q].alloc(0) else {
@@ -400,10 +400,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         continue;
                     };
                     let word = rng.below(AREA / 8) * 8;
-                    if overlaps_read(word, 8) {
-                        sinks[me][q].used.pop_back();
-                        continue;
-                    }
+                    fence = overlaps_read(word, 8);
                     let cur = u64::from_le_bytes(
                         theirs.model[q][word as usize..][..8].try_into().expect("8"),
                     );
@@ -452,6 +449,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                 sg,
                 signaled: true,
                 solicited: false,
+                fence,
             };
             if std::env::var_os("SOAK_TRACE").is_some() {
                 eprintln!("post side {me} qp {q} wr {id} {op:?} len {size}");

@@ -121,6 +121,9 @@ pub struct SendWr {
     pub signaled: bool,
     /// Ask the remote to raise a solicited event.
     pub solicited: bool,
+    /// Start only after every earlier READ and atomic on the QP has completed (IBV_SEND_FENCE),
+    /// so this request cannot change memory one of them is still reading.
+    pub fence: bool,
 }
 
 impl SendWr {

@@ -174,6 +174,7 @@ fn write_of_every_size_lands_byte_for_byte() {
                 sg: sg(a.key, BASE + 100, len),
                 signaled: true,
                 solicited: false,
+                fence: false,
             };
             a.qp.post_send(wr).unwrap();
             pump(&mut a, &mut b);
@@ -216,6 +217,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
             sg: sg(a.key, BASE + 50, len),
             signaled: true,
             solicited: false,
+            fence: false,
         })
         .unwrap();
     }
@@ -259,6 +261,7 @@ fn read_and_atomics_return_remote_data() {
         sg: sg(a.key, BASE + 64, 5000),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
@@ -279,6 +282,7 @@ fn read_and_atomics_return_remote_data() {
         sg: sg(a.key, BASE + 0x9_0000, 8),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     a.qp.post_send(SendWr {
@@ -292,6 +296,7 @@ fn read_and_atomics_return_remote_data() {
         sg: sg(a.key, BASE + 0x9_0008, 8),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     pump(&mut a, &mut b);
@@ -333,6 +338,7 @@ fn rkey_violation_naks_errors_and_flushes() {
             sg: sg(a.key, BASE, 64),
             signaled: true,
             solicited: false,
+            fence: false,
         })
         .unwrap();
     }
@@ -373,6 +379,7 @@ fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
         sg: sg(a.key, BASE + 4096, len),
         signaled: true,
         solicited: false,
+        fence: false,
     }
 }
 
@@ -385,6 +392,7 @@ fn rnr_is_retried_until_a_receive_is_posted() {
         sg: sg(a.key, BASE, 100),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     let mut rnr = 0;
@@ -431,6 +439,7 @@ fn rnr_retries_run_out() {
         sg: sg(a.key, BASE, 100),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     a.qp.post_send(write_wr(&a, &b, 10, 64)).unwrap();
@@ -555,6 +564,7 @@ fn duplicate_read_is_re_executed() {
         sg: sg(a.key, BASE, 3000),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     let mut first = 0;
@@ -585,6 +595,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
         sg: sg(a.key, BASE, 8 * 256),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     let mut requests = Vec::new();
@@ -641,6 +652,7 @@ fn duplicate_atomic_is_answered_from_the_replay_cache() {
         sg: sg(a.key, BASE, 8),
         signaled: true,
         solicited: false,
+        fence: false,
     })
     .unwrap();
     let mut acks = 0;
@@ -704,6 +716,7 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
                 sg: ArrayVec::new(),
                 signaled: true,
                 solicited: false,
+                fence: false,
             };
             a.qp.post_send_inline(wr(SendOp::Send), &data[..len])
                 .unwrap();
@@ -801,6 +814,7 @@ fn caps_are_checked_at_create_and_post() {
             .collect(),
         signaled: true,
         solicited: false,
+        fence: false,
     };
     let write = SendOp::Write {
         remote_addr: BASE,
@@ -856,4 +870,57 @@ fn caps_are_checked_at_create_and_post() {
         Err(too_many)
     );
     assert_eq!(small.outstanding(), 1, "refused posts left nothing behind");
+}
+
+#[test]
+fn a_fenced_write_waits_for_the_read_before_it() {
+    for fence in [false, true] {
+        let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+        let old = bytes(&b, BASE + 64, 2000);
+        a.qp.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Read {
+                remote_addr: BASE + 64,
+                rkey: b.key,
+            },
+            sg: sg(a.key, BASE, 2000),
+            signaled: true,
+            solicited: false,
+            fence: false,
+        })
+        .unwrap();
+        a.qp.post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                remote_addr: BASE + 64,
+                rkey: b.key,
+            },
+            sg: sg(a.key, BASE + 8192, 2000),
+            signaled: true,
+            solicited: false,
+            fence,
+        })
+        .unwrap();
+        // The order frames leave in: 'R' READ request, 'r' its last response, 'W' the WRITE.
+        let mut order = String::new();
+        pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, f| {
+            match opcode_of(f) {
+                Some(op::RC_READ_REQUEST) => order.push('R'),
+                Some(op::RC_READ_RESPONSE_LAST) => order.push('r'),
+                Some(op::RC_WRITE_FIRST) => order.push('W'),
+                _ => {}
+            }
+            false
+        });
+        let c = polled(&mut a.scq);
+        assert_eq!(c.len(), 2);
+        assert!(c.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!(order, if fence { "RrW" } else { "RWr" });
+        assert_eq!(
+            bytes(&a, BASE, 2000),
+            old,
+            "the READ saw memory before the WRITE"
+        );
+        assert_eq!(bytes(&b, BASE + 64, 2000), bytes(&a, BASE + 8192, 2000));
+    }
 }
