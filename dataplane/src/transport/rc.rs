@@ -21,7 +21,8 @@ use super::mr::{MrError, MrTable, PdHandle};
 use super::qp::{QpConfig, QpState};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
-    MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers, gather, plan,
+    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers,
+    gather, plan,
 };
 use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
@@ -142,6 +143,8 @@ enum Response {
         next: u32,
         count: u32,
         msn: u32,
+        /// A new READ, counted against max_dest_rd_atomic (a duplicate's stream is not).
+        counted: bool,
     },
     Atomic {
         psn: Psn,
@@ -258,6 +261,8 @@ pub struct RcQp {
     write_len: u32,
     in_message: InMessage,
     nak_sent: bool,
+    /// Packets executed since the last ACK we queued.
+    unacked: u32,
     msn: u32,
     rd_atomic_outstanding: u8,
     responses: VecDeque<Response>,
@@ -296,6 +301,7 @@ impl RcQp {
             write_len: 0,
             in_message: InMessage::None,
             nak_sent: false,
+            unacked: 0,
             msn: 0,
             rd_atomic_outstanding: 0,
             responses: VecDeque::new(),
@@ -646,6 +652,7 @@ impl RcQp {
                 next,
                 count,
                 msn,
+                counted,
             } => {
                 let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes());
                 let (first, last) = (next == 0, next + 1 == count);
@@ -685,8 +692,9 @@ impl RcQp {
                         next: next + 1,
                         count,
                         msn,
+                        counted,
                     });
-                } else {
+                } else if counted {
                     self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
                 }
                 ok
@@ -723,6 +731,7 @@ impl RcQp {
     }
 
     fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+        self.unacked = 0;
         let msn = self.msn;
         if let (
             true,
@@ -780,24 +789,31 @@ impl RcQp {
                     // still queued for the same READ (one whose PSNs reach the asked PSN) is
                     // superseded, so repeated asks never pile up streams or exhaust
                     // max_dest_rd_atomic.
-                    let before = self.responses.len();
+                    let mut superseded = 0;
                     self.responses.retain(|x| match x {
                         Response::Read {
-                            psn, next, count, ..
+                            psn,
+                            next,
+                            count,
+                            counted,
+                            ..
                         } => {
                             let (from, to) = (psn.add(*next), psn.add(count - 1));
-                            !(info.psn.diff(from) >= 0 && info.psn.diff(to) <= 0
-                                || from.diff(info.psn) >= 0 && psn.diff(info.psn) <= 0)
+                            let same = info.psn.diff(from) >= 0 && info.psn.diff(to) <= 0
+                                || from.diff(info.psn) >= 0 && psn.diff(info.psn) <= 0;
+                            superseded += (same && *counted) as u8;
+                            !same
                         }
                         _ => true,
                     });
-                    let superseded = (before - self.responses.len()) as u8;
                     self.rd_atomic_outstanding =
                         self.rd_atomic_outstanding.saturating_sub(superseded);
                     let count = r.dma_len.div_ceil(st.mtu.bytes()).max(1);
-                    self.responses
-                        .push_back(r_read(info.psn, r.rkey, r.va, r.dma_len, count, self.msn));
-                    self.rd_atomic_outstanding += 1;
+                    // The duplicate's stream replays a READ already admitted: it does not count
+                    // against max_dest_rd_atomic, so re-asks can never crowd out new READs.
+                    self.responses.push_back(r_read(
+                        info.psn, r.rkey, r.va, r.dma_len, count, self.msn, false,
+                    ));
                 } else if info.op.has(mask::ATOMIC) {
                     // Answer a duplicate atomic from the replay cache; never execute it twice.
                     if let Some((_, orig)) = self.replay.iter().find(|(p, _)| *p == info.psn) {
@@ -916,8 +932,9 @@ impl RcQp {
             let count = r.dma_len.div_ceil(mtu).max(1);
             self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
             self.rd_atomic_outstanding += 1;
-            self.responses
-                .push_back(r_read(info.psn, r.rkey, r.va, r.dma_len, count, self.msn));
+            self.responses.push_back(r_read(
+                info.psn, r.rkey, r.va, r.dma_len, count, self.msn, true,
+            ));
             self.cfg.rq_psn = self.cfg.rq_psn.add(count);
             return;
         } else if o.has(mask::ATOMIC) {
@@ -947,7 +964,10 @@ impl RcQp {
             return;
         }
         self.cfg.rq_psn = self.cfg.rq_psn.add(1);
-        if info.ack_req {
+        // ACK when asked, at the end of a message, or after ACK_EVERY packets without one
+        // (a peer that rarely sets AckReq still hears from us); queued ACKs coalesce.
+        self.unacked += 1;
+        if info.ack_req || o.has(mask::LAST) || self.unacked >= ACK_EVERY {
             self.push_ack(info.psn, Syndrome::Ack { credits: 31 });
         }
     }
@@ -1267,8 +1287,9 @@ impl RcQp {
     }
 }
 
-fn r_read(psn: Psn, rkey: u32, va: u64, len: u32, count: u32, msn: u32) -> Response {
+fn r_read(psn: Psn, rkey: u32, va: u64, len: u32, count: u32, msn: u32, counted: bool) -> Response {
     Response::Read {
+        counted,
         psn,
         rkey,
         va,

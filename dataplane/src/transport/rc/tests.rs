@@ -924,3 +924,99 @@ fn a_fenced_write_waits_for_the_read_before_it() {
         assert_eq!(bytes(&b, BASE + 64, 2000), bytes(&a, BASE + 8192, 2000));
     }
 }
+
+#[test]
+fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
+    // The responder admits 2 READs at a time. READ A is answered; then A is asked again three
+    // times and, before the responder has sent anything (as when its responses are paced),
+    // new READs B and C arrive. The replays must not count as new READs, or B would be
+    // refused with NAK invalid request and the QP would fail.
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    b.qp.cfg.max_dest_rd_atomic = 2;
+    let mut frames = Vec::new();
+    for (i, off) in [0u64, 4096, 8192].into_iter().enumerate() {
+        a.qp.post_send(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Read {
+                remote_addr: BASE + off,
+                rkey: b.key,
+            },
+            sg: sg(a.key, BASE + off, 2048),
+            signaled: true,
+            solicited: false,
+            fence: false,
+        })
+        .unwrap();
+        let mut f = Vec::new();
+        assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+        frames.push(f);
+    }
+    let mut deliver = |f: &[u8]| {
+        b.qp.handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq, &mut b.rcq)
+    };
+    deliver(&frames[0]);
+    let mut sent = Vec::new();
+    let mut f = Vec::new();
+    let mut drain = |b: &mut Node, sent: &mut Vec<u8>| {
+        while b.qp.poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut f) {
+            sent.push(opcode_of(&f).unwrap());
+            assert_ne!(syndrome_of(&f).map(|s| s >> 5), Some(3), "no NAK");
+        }
+    };
+    drain(&mut b, &mut sent);
+    for _ in 0..3 {
+        b.qp.handle_frame(Instant(0), &frames[0], &mut b.mrs, &mut b.scq, &mut b.rcq);
+    }
+    b.qp.handle_frame(Instant(0), &frames[1], &mut b.mrs, &mut b.scq, &mut b.rcq);
+    b.qp.handle_frame(Instant(0), &frames[2], &mut b.mrs, &mut b.scq, &mut b.rcq);
+    drain(&mut b, &mut sent);
+    use op::{RC_READ_RESPONSE_FIRST as F, RC_READ_RESPONSE_LAST as L};
+    // A, then A once more (the replays supersede each other), then B and C.
+    assert_eq!(sent, [F, L, F, L, F, L, F, L]);
+    assert_eq!(b.qp.cfg.state, QpState::Rts);
+}
+
+/// `f` with AckReq cleared (headers re-emitted, so the ICRC is right).
+fn without_ack_req(f: &[u8]) -> Vec<u8> {
+    let info = parse(f, Checks::ALL).unwrap();
+    let mut repr = RoceRepr::parse(f, &info).unwrap();
+    repr.bth.ack_req = false;
+    let payload = info.payload(f);
+    let mut out = vec![0u8; repr.frame_len(payload.len())];
+    let h = repr.header_len();
+    out[h..h + payload.len()].copy_from_slice(payload);
+    repr.emit(&mut out, payload.len(), false).unwrap();
+    out
+}
+
+#[test]
+fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
+    let (mut a, mut b) = pair(Mtu::M256, 0, 0);
+    // Three one-packet WRITEs and one of 100 packets, none asking for an ACK.
+    for (id, len) in [(1, 10), (2, 20), (3, 30), (4, 100 * 256)] {
+        a.qp.post_send(write_wr(&a, &b, id, len)).unwrap();
+    }
+    let mut frames = Vec::new();
+    let mut f = Vec::new();
+    while a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f) {
+        frames.push(without_ack_req(&f));
+    }
+    assert_eq!(frames.len(), 103);
+    let mut acks = Vec::new();
+    let mut step = |b: &mut Node, fs: &[Vec<u8>]| {
+        for f in fs {
+            b.qp.handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq, &mut b.rcq);
+        }
+        while b.qp.poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut f) {
+            let p = parse(&f, Checks::ALL).unwrap();
+            assert_eq!(p.opcode, op::RC_ACK);
+            acks.push(p.psn.value());
+        }
+    };
+    // The three small messages arrive together: their ACKs coalesce into one for the last.
+    step(&mut b, &frames[..3]);
+    // The long one: an ACK after 64 packets, and one at its end.
+    step(&mut b, &frames[3..3 + 64]);
+    step(&mut b, &frames[3 + 64..]);
+    assert_eq!(acks, [2, 66, 102]);
+}
