@@ -14,6 +14,7 @@
 //! single-writer per lcore, and errors on that path are values, not strings.
 
 pub mod buf;
+pub mod cc;
 pub mod counters;
 pub mod crc;
 pub mod dpdk;
