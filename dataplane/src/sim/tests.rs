@@ -182,3 +182,134 @@ fn burst_loss_comes_in_runs() {
     let mean = gaps.iter().sum::<u32>() as f64 / gaps.len() as f64;
     assert!(mean > 3.0, "losses come in bursts (mean run {mean:.1})");
 }
+
+const S: NodeId = NodeId(100);
+const C: NodeId = NodeId(2);
+
+/// A and C send to B through switch S; every link and port at 100 Gb/s, 1 us.
+fn incast(seed: u64, sw: SwitchConfig) -> SimNet {
+    let mut net = SimNet::new(seed);
+    net.add_switch(S, sw);
+    for n in [A, B, C] {
+        net.connect(n, S, link(Faults::default()));
+    }
+    net.route(A, B, &[S]);
+    net.route(C, B, &[S]);
+    net
+}
+
+fn switch(buffer: u64, red: Option<Red>) -> SwitchConfig {
+    SwitchConfig {
+        buffer_bytes: buffer,
+        red,
+        port_bps: 100_000_000_000,
+        latency: Duration::from_micros(1),
+    }
+}
+
+fn drain(net: &mut SimNet) -> Vec<(Instant, Vec<u8>)> {
+    let mut got = Vec::new();
+    while let Some(t) = net.next_delivery() {
+        while let Some((_, to, f)) = net.deliver(t) {
+            assert_eq!(to, B);
+            got.push((t, f));
+        }
+    }
+    got
+}
+
+#[test]
+fn red_probability_is_zero_then_linear_then_one() {
+    let r = Red {
+        kmin: 1000,
+        kmax: 5000,
+        pmax: 0.2,
+    };
+    assert_eq!(r.probability(0), 0.0);
+    assert_eq!(r.probability(1000), 0.0);
+    assert!((r.probability(3000) - 0.1).abs() < 1e-12);
+    assert!((r.probability(4999) - 0.2 * 3999.0 / 4000.0).abs() < 1e-12);
+    assert_eq!(r.probability(5000), 1.0);
+    assert_eq!(r.probability(1 << 30), 1.0);
+}
+
+#[test]
+fn two_line_rate_senders_build_a_queue_that_drains_at_the_port_rate() {
+    let mut net = incast(1, switch(1 << 20, None));
+    let len = frame(0).len() as u64;
+    // Both send 100 frames back to back at line rate: the egress port gets 200 Gb/s for the
+    // time it takes to send 100 frames, so about 100 frames queue, then drain at 100 Gb/s.
+    for i in 0..100 {
+        assert!(net.send(Instant::ZERO, A, B, frame(i)));
+        assert!(net.send(Instant::ZERO, C, B, frame(1000 + i)));
+    }
+    let got = drain(&mut net);
+    assert_eq!(got.len(), 200);
+    let tx = tx_time(len as usize, 100_000_000_000).as_nanos() as u64;
+    // Deliveries are one port-serialisation apart, after the first arrives.
+    for w in got.windows(2) {
+        assert_eq!(w[1].0.0 - w[0].0.0, tx);
+    }
+    let st = net.port_stats(S, B, got.last().unwrap().0).unwrap();
+    assert_eq!(
+        (st.enqueued, st.dropped, st.bytes, st.bytes_out),
+        (200, 0, 0, 200 * len)
+    );
+    // Peak: arrivals at 2 frames per tx time, departures at 1: about 100 frames.
+    assert!(
+        (99 * len..=101 * len).contains(&st.max_bytes),
+        "{} vs {}",
+        st.max_bytes,
+        100 * len
+    );
+    // A triangle: the time-weighted mean over the busy period is about half the peak.
+    let mean = st.mean_bytes();
+    assert!((0.4..0.6).contains(&(mean / st.max_bytes as f64)), "{mean}");
+    assert!(st.quantile_bytes(0.99) >= st.max_bytes - 1024);
+}
+
+#[test]
+fn a_full_shared_buffer_tail_drops() {
+    let len = frame(0).len() as u64;
+    let mut net = incast(1, switch(20 * len, None));
+    for i in 0..100 {
+        net.send(Instant::ZERO, A, B, frame(i));
+        net.send(Instant::ZERO, C, B, frame(1000 + i));
+    }
+    let got = drain(&mut net);
+    let st = net.port_stats(S, B, Instant(u64::MAX / 2)).unwrap();
+    assert!(st.dropped > 50, "{st:?}");
+    assert_eq!(st.enqueued as usize, got.len());
+    assert_eq!(st.enqueued + st.dropped, 200);
+    assert!(st.max_bytes <= 20 * len);
+}
+
+#[test]
+fn red_marks_ce_above_kmax_and_never_below_kmin() {
+    let len = frame(0).len() as u64;
+    // Every frame leaving with more than 10 frames behind it is marked; none with fewer than 5.
+    let red = Red {
+        kmin: 5 * len,
+        kmax: 10 * len,
+        pmax: 0.5,
+    };
+    let mut net = incast(3, switch(1 << 20, Some(red)));
+    for i in 0..100 {
+        net.send(Instant::ZERO, A, B, frame(i));
+        net.send(Instant::ZERO, C, B, frame(1000 + i));
+    }
+    let got = drain(&mut net);
+    let ce: Vec<bool> = got
+        .iter()
+        .map(|(_, f)| {
+            let p = parse(f, Checks::ALL).expect("a CE mark keeps the frame valid (ICRC masks it)");
+            p.ecn == Ecn::Ce
+        })
+        .collect();
+    let st = net.port_stats(S, B, got.last().unwrap().0).unwrap();
+    assert_eq!(st.marked as usize, ce.iter().filter(|c| **c).count());
+    // The queue drains at the end: the last frames leave with nothing behind them.
+    assert!(ce[got.len() - 5..].iter().all(|c| !c), "none below Kmin");
+    // In the middle the queue is far above Kmax: all marked.
+    assert!(ce[60..120].iter().all(|c| *c), "all above Kmax");
+}
