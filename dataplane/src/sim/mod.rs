@@ -287,6 +287,19 @@ impl SimNet {
         self.routes.insert((from, to), v);
     }
 
+    /// When the first link on the way from `from` to `to` has finished sending what it was
+    /// given (a NIC's transmit queue: a sender that waits for it sends at most at line rate).
+    pub fn busy_until(&self, from: NodeId, to: NodeId) -> Instant {
+        let first = self
+            .routes
+            .get(&(from, to))
+            .and_then(|r| r.first().copied())
+            .unwrap_or(to);
+        self.links
+            .get(&(from, first))
+            .map_or(Instant::ZERO, |l| l.busy_until)
+    }
+
     /// What a link did.
     pub fn stats(&self, from: NodeId, to: NodeId) -> Option<LinkStats> {
         self.links.get(&(from, to)).map(|l| l.stats)

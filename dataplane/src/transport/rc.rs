@@ -24,12 +24,13 @@ use super::wr::{
     ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers,
     gather, plan,
 };
+use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::ipv4::{self, Ecn};
 use crate::wire::opcode::{mask, op};
 use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, parse};
-use crate::wire::{Psn, atomic_ack_eth, bth, eth, ipv6, udp};
+use crate::wire::{Psn, atomic_ack_eth, bth, cnp, eth, ipv6, udp};
 use arrayvec::ArrayVec;
 use std::collections::VecDeque;
 
@@ -151,6 +152,19 @@ enum Response {
         orig: u64,
         msn: u32,
     },
+    /// A CNP to the peer QP (we received CE-marked traffic from it).
+    Cnp,
+}
+
+/// Congestion-control counters of one QP (mlx5/rxe names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CcCounters {
+    /// RoCE packets that arrived CE-marked.
+    pub np_ecn_marked_roce_packets: u64,
+    /// CNPs sent.
+    pub np_cnp_sent: u64,
+    /// CNPs received.
+    pub rp_cnp_received: u64,
 }
 
 /// How far past the oldest missing PSN READ responses are placed on arrival.
@@ -254,6 +268,15 @@ pub struct RcQp {
     ack_deadline: Option<Instant>,
     rnr_until: Option<Instant>,
     now: Instant,
+    // Congestion control.
+    cc: Cc,
+    cc_params: DcqcnParams,
+    /// Earliest time the next request packet may leave (pacing while rate limited).
+    next_send: Instant,
+    /// When we last queued a CNP.
+    last_cnp: Option<Instant>,
+    /// CNPs and CE marks seen.
+    pub cc_counters: CcCounters,
     // Responder.
     rq: VecDeque<RecvWr>,
     recv_cur: Option<(RecvWr, u64)>,
@@ -295,6 +318,11 @@ impl RcQp {
             ack_deadline: None,
             rnr_until: None,
             now: Instant::ZERO,
+            cc: Cc::new(CcKind::None, 0.0),
+            cc_params: DcqcnParams::nvidia(),
+            next_send: Instant::ZERO,
+            last_cnp: None,
+            cc_counters: CcCounters::default(),
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_cur: None,
             write_cur: None,
@@ -312,6 +340,32 @@ impl RcQp {
     /// The caps it was created with.
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// Chooses congestion control for this QP on a port of `line_bps` (starts at that rate).
+    pub fn set_congestion_control(&mut self, kind: CcKind, line_bps: f64, params: DcqcnParams) {
+        self.cc = Cc::new(kind, line_bps);
+        self.cc_params = params;
+    }
+
+    /// Changes the DCQCN settings of this QP; its rates and alpha carry on.
+    pub fn set_cc_params(&mut self, params: DcqcnParams) {
+        self.cc_params = params;
+    }
+
+    /// The QP's congestion controller (rate, target, alpha, CNP counts).
+    pub fn cc(&self) -> &Cc {
+        &self.cc
+    }
+
+    /// Its DCQCN settings.
+    pub fn cc_params(&self) -> &DcqcnParams {
+        &self.cc_params
+    }
+
+    /// True while the controller holds this QP below line rate (its packets are paced).
+    fn paced(&self) -> bool {
+        matches!(&self.cc, Cc::Dcqcn(d) if d.is_limited())
     }
 
     /// Applies a modify (see [`QpConfig::modify`]) and takes the new PSNs.
@@ -428,7 +482,13 @@ impl RcQp {
     }
 
     fn repr(&self, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
-        let p = self.cfg.path?;
+        let mut p = self.cfg.path?;
+        if bth.opcode == op::CNP {
+            // CNPs go in their own class: cnp_dscp, not ECN-capable, cnp_802p_prio.
+            p.dscp = self.cc_params.cnp_dscp;
+            p.ecn = 0;
+            p.vlan = p.vlan.map(|(vid, _)| (vid, self.cc_params.cnp_802p_prio));
+        }
         let ip = match (p.local_ip, p.remote_ip) {
             (core::net::IpAddr::V4(s), core::net::IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
                 dscp: p.dscp,
@@ -528,6 +588,7 @@ impl RcQp {
         if self.cfg.state != QpState::Rts
             || self.send_idx >= self.sq.len()
             || self.rnr_until.is_some()
+            || self.paced() && self.now < self.next_send
         {
             return false;
         }
@@ -585,6 +646,14 @@ impl RcQp {
         if self.ack_deadline.is_none() {
             self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
         }
+        self.cc.on_sent(out.len() as u64, &self.cc_params);
+        self.next_send = if self.paced() {
+            // Wire bytes (with preamble, FCS and gap) at the QP's current rate.
+            let ns = (out.len() + 24) as f64 * 8e9 / self.cc.rate();
+            self.next_send.max(self.now) + core::time::Duration::from_nanos(ns as u64)
+        } else {
+            self.now
+        };
         let w = &self.sq[self.send_idx];
         let end = if opv.is_read_or_atomic() {
             w.first_psn.add(w.plan.psns)
@@ -621,6 +690,14 @@ impl RcQp {
                         0,
                         |_| Ok(())
                     ),
+                    Some(Ok(()))
+                )
+            }
+            Response::Cnp => {
+                self.cc_counters.np_cnp_sent += 1;
+                let b = cnp::bth(self.cfg.dest_qp, bth::DEFAULT_PKEY);
+                matches!(
+                    self.emit(out, b, ExtRepr::default(), 0, |_| Ok(())),
                     Some(Ok(()))
                 )
             }
@@ -718,6 +795,14 @@ impl RcQp {
         if info.dest_qp != self.qpn {
             return;
         }
+        if info.opcode == op::CNP {
+            self.cc_counters.rp_cnp_received += 1;
+            self.cc.on_cnp(self.now, &self.cc_params);
+            return;
+        }
+        if info.ecn == Ecn::Ce {
+            self.on_ce();
+        }
         if info.op.has(mask::REQ) {
             if matches!(
                 self.cfg.state,
@@ -728,6 +813,21 @@ impl RcQp {
         } else if info.op.has(mask::ACK) {
             self.complete(&info, frame, mrs, send_cq);
         }
+    }
+
+    /// Notification point: a CE-marked packet from the peer QP arrived; answer with a CNP,
+    /// at most one per min_time_between_cnps, never two waiting at once.
+    fn on_ce(&mut self) {
+        self.cc_counters.np_ecn_marked_roce_packets += 1;
+        let gap = core::time::Duration::from_micros(self.cc_params.min_time_between_cnps as u64);
+        if self.last_cnp.is_some_and(|t| self.now < t + gap)
+            || self.responses.iter().any(|r| matches!(r, Response::Cnp))
+        {
+            return;
+        }
+        self.last_cnp = Some(self.now);
+        // Ahead of data: a CNP is worth most when it arrives soon.
+        self.responses.push_front(Response::Cnp);
     }
 
     fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
@@ -1187,16 +1287,27 @@ impl RcQp {
 
     /// When this QP next needs [`RcQp::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.ack_deadline, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let pacing = (self.paced()
+            && self.next_send > self.now
+            && self.send_idx < self.sq.len()
+            && self.cfg.state == QpState::Rts)
+            .then_some(self.next_send);
+        [
+            self.ack_deadline,
+            self.rnr_until,
+            self.cc.next_timeout(),
+            pacing,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the timers due at `now`: the end of an RNR wait, or the local ACK timeout (go back
     /// to the oldest unacknowledged PSN, or fail with RETRY_EXC_ERR after retry_cnt tries).
     pub fn handle_timeout(&mut self, now: Instant, cq: &mut CompletionQueue) {
         self.now = self.now.max(now);
+        self.cc.handle_timeout(now, &self.cc_params);
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
         }

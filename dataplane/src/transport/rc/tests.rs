@@ -94,26 +94,47 @@ fn pump_with(
     until: Instant,
     drop: &mut dyn FnMut(u16, &[u8]) -> bool,
 ) -> Instant {
+    pump_on(a, b, Faults::default(), until, &mut |from, f, _| {
+        drop(from, f)
+    })
+}
+
+/// [`pump_with`] with `ab` faults on the link from a to b.
+fn pump_on(
+    a: &mut Node,
+    b: &mut Node,
+    ab: Faults,
+    until: Instant,
+    drop: &mut dyn FnMut(u16, &[u8], Instant) -> bool,
+) -> Instant {
     let mut net = SimNet::new(1);
     let l = LinkConfig {
         latency: Duration::from_micros(1),
         bandwidth_bps: 100_000_000_000,
         faults: Faults::default(),
     };
-    net.connect(NodeId(0), NodeId(1), l);
+    net.link(NodeId(1), NodeId(0), l);
+    net.link(NodeId(0), NodeId(1), LinkConfig { faults: ab, ..l });
     let mut now = Instant(0);
     let mut buf = Vec::new();
+    let (na, nb) = (NodeId(0), NodeId(1));
     loop {
-        while a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut buf) {
-            if !drop(0, &buf) {
-                net.send(now, NodeId(0), NodeId(1), buf.clone());
+        // Like a NIC: a frame goes only when the link has finished the previous one.
+        while net.busy_until(na, nb) <= now && a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut buf)
+        {
+            if !drop(0, &buf, now) {
+                net.send(now, na, nb, buf.clone());
             }
         }
-        while b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut buf) {
-            if !drop(1, &buf) {
-                net.send(now, NodeId(1), NodeId(0), buf.clone());
+        while net.busy_until(nb, na) <= now && b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut buf)
+        {
+            if !drop(1, &buf, now) {
+                net.send(now, nb, na, buf.clone());
             }
         }
+        let link_free = [net.busy_until(na, nb), net.busy_until(nb, na)]
+            .into_iter()
+            .filter(|t| *t > now);
         let next = [
             net.next_delivery(),
             a.qp.poll_timeout(),
@@ -121,6 +142,7 @@ fn pump_with(
         ]
         .into_iter()
         .flatten()
+        .chain(link_free)
         .min();
         let Some(t) = next else { return now };
         if t > until {
@@ -1019,4 +1041,86 @@ fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
     step(&mut b, &frames[3..3 + 64]);
     step(&mut b, &frames[3 + 64..]);
     assert_eq!(acks, [2, 66, 102]);
+}
+
+#[test]
+fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
+    use crate::cc::{Cc, CcKind, DcqcnParams};
+    let mut finish = Vec::new();
+    for kind in [CcKind::Dcqcn, CcKind::None] {
+        let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+        let p = DcqcnParams {
+            min_time_between_cnps: 10,
+            ..DcqcnParams::nvidia()
+        };
+        a.qp.set_congestion_control(kind, 100e9, p);
+        b.qp.set_congestion_control(kind, 100e9, p);
+        // 16 WRITEs of 64 KiB: 1024 packets, every one marked CE on the way to B.
+        for id in 0..16 {
+            a.qp.post_send(write_wr(&a, &b, id, 64 << 10)).unwrap();
+        }
+        let ce = Faults {
+            ce_mark: 1.0,
+            ..Faults::default()
+        };
+        let mut cnps = Vec::new();
+        let mut last_data = Instant::ZERO;
+        let end = pump_on(
+            &mut a,
+            &mut b,
+            ce,
+            Instant(u64::MAX),
+            &mut |from, f, now| {
+                let p = parse(f, Checks::ALL).unwrap();
+                if from == 1 && p.opcode == op::CNP {
+                    cnps.push((p.dest_qp, p.dscp, p.ecn, p.becn));
+                }
+                if from == 0 {
+                    last_data = now;
+                }
+                false
+            },
+        );
+        let c = polled(&mut a.scq);
+        assert_eq!(c.len(), 16);
+        assert!(c.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!(bytes(&b, BASE, 64 << 10), bytes(&a, BASE + 4096, 64 << 10));
+        assert_eq!(b.qp.cc_counters.np_ecn_marked_roce_packets, 1024);
+        let sent = b.qp.cc_counters.np_cnp_sent;
+        assert_eq!(sent as usize, cnps.len());
+        assert_eq!(a.qp.cc_counters.rp_cnp_received, sent);
+        // One CNP per 10 us at most.
+        assert!(
+            sent >= 1 && sent <= end.as_nanos() / 10_000 + 1,
+            "{sent} CNPs in {end:?}"
+        );
+        for c in &cnps {
+            assert_eq!(*c, (0x11, 48, Ecn::NotEct, true));
+        }
+        match (kind, a.qp.cc()) {
+            (CcKind::Dcqcn, Cc::Dcqcn(d)) => {
+                let (handled, ignored) = d_counts(d);
+                assert_eq!(handled + ignored, sent);
+                // After the traffic the timers raise the rate back to line rate; then the QP
+                // is no longer limited and has no timers.
+                assert_eq!(d.rate(), 100e9);
+                assert!(!d.is_limited() && a.qp.poll_timeout().is_none());
+                assert!(end > last_data);
+            }
+            (CcKind::None, Cc::None { .. }) => {
+                assert_eq!(a.qp.cc().rate(), 100e9);
+                assert_eq!(a.qp.cc().cnp_counts(), (0, sent));
+                // 1024 packets of ~1.1 KB at 100 Gb/s: about 92 us.
+                assert!(last_data < Instant(100_000), "{last_data:?}");
+            }
+            _ => unreachable!(),
+        }
+        finish.push(last_data.as_nanos() as f64);
+    }
+    // Paced after the cuts, the same data takes clearly longer with DCQCN.
+    assert!(finish[0] > 1.3 * finish[1], "{finish:?}");
+}
+
+fn d_counts(d: &crate::cc::Dcqcn) -> (u64, u64) {
+    (d.cnp_handled, d.cnp_ignored)
 }
