@@ -140,3 +140,5 @@ mod tests {
         assert_eq!(last_rx_pps("nothing"), None);
     }
 }
+
+pub mod plot;

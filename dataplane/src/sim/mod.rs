@@ -14,6 +14,7 @@
 //! Kmax, 1 above), as switches that mark at dequeue do. Each port keeps time-weighted queue
 //! statistics ([`PortStats`]).
 
+pub mod incast;
 mod rng;
 
 pub use rng::SplitMix64;
@@ -313,6 +314,11 @@ impl SimNet {
             s.account(now.max(s.since));
             s
         })
+    }
+
+    /// Every switch port: ((switch, next hop), what it did so far).
+    pub fn ports(&self) -> impl Iterator<Item = ((NodeId, NodeId), &PortStats)> {
+        self.ports.iter().map(|(k, p)| (*k, &p.stats))
     }
 
     /// Bytes queued now at the egress port of `switch` toward `next`.
