@@ -6,6 +6,7 @@
 //! the control thread's channel. Nothing here allocates or blocks.
 
 use crate::counters::{DropReason, LcoreCounters};
+use crate::hint::prefetch;
 use crate::port::{Burst, PortInfo, PortQueue};
 use crate::{PacketBuf, time::Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -378,18 +379,6 @@ fn swap_macs(d: &mut [u8]) {
     let new_b = (a >> 16) as u32;
     head[0..8].copy_from_slice(&new_a.to_le_bytes());
     head[8..12].copy_from_slice(&new_b.to_le_bytes());
-}
-
-/// Asks the CPU to start loading the cache line at `p`.
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint; it never faults, whatever the address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

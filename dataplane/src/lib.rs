@@ -18,6 +18,7 @@ pub mod cc;
 pub mod counters;
 pub mod crc;
 pub mod dpdk;
+pub mod hint;
 pub mod lcore;
 pub mod net;
 pub mod port;

@@ -188,11 +188,28 @@ fn us(v: u32) -> Duration {
     Duration::from_micros(v as u64)
 }
 
-/// One QP's reaction point.
+/// One QP's reaction point. Laid out so that what every packet touches (the rate, the timers,
+/// the byte counter and the flags) shares the first cache line; the target, alpha and counters
+/// (touched on CNPs and rate changes) are in the second.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 pub struct Dcqcn {
     /// Current rate, bits per second.
     rc: f64,
+    /// When the pending cut is applied.
+    cut_at: Option<Instant>,
+    /// Next timer increase.
+    inc_at: Option<Instant>,
+    bytes: u64,
+    /// Timer and byte stages since the last cut.
+    t_stage: u32,
+    b_stage: u32,
+    /// Rate limited (since a first CNP, until back at the maximum).
+    limited: bool,
+    /// A CNP arrived since the last decrease step.
+    cut_pending: bool,
+    /// A CNP arrived in the current alpha step.
+    alpha_cnp: bool,
     /// Target rate, bits per second.
     rt: f64,
     /// Line rate, bits per second.
@@ -200,22 +217,8 @@ pub struct Dcqcn {
     alpha: f64,
     /// Start of the alpha step `alpha` is current for.
     alpha_at: Instant,
-    /// A CNP arrived in the current alpha step.
-    alpha_cnp: bool,
-    /// Rate limited (since a first CNP, until back at the maximum).
-    limited: bool,
-    /// A CNP arrived since the last decrease step.
-    cut_pending: bool,
-    /// When the pending cut is applied.
-    cut_at: Option<Instant>,
     /// Start of the decrease grid.
     grid: Instant,
-    /// Timer and byte stages since the last cut.
-    t_stage: u32,
-    b_stage: u32,
-    bytes: u64,
-    /// Next timer increase.
-    inc_at: Option<Instant>,
     /// CNPs that cut or will cut the rate, and CNPs that arrived while a cut was already due.
     pub cnp_handled: u64,
     /// CNPs that changed nothing (a cut was already pending for this step).

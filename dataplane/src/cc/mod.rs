@@ -6,6 +6,7 @@
 //! [`dcqcn::Dcqcn`]. Room for more (TIMELY, HPCC, Swift) as further variants.
 
 pub mod dcqcn;
+pub mod wheel;
 
 use crate::time::Instant;
 pub use dcqcn::{Dcqcn, DcqcnParams};
