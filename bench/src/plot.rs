@@ -51,7 +51,7 @@ pub fn incast(path: &Path, r: &IncastReport, title: &str) -> Res {
 
     let mut c = ChartBuilder::on(&parts[0])
         .caption(
-            format!("throughput per flow at the receiver (100 us bins) {title}"),
+            format!("wire throughput per flow at the receiver (100 us bins) {title}"),
             ("sans-serif", 16),
         )
         .margin(10)

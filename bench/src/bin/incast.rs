@@ -67,6 +67,9 @@ struct Args {
     /// Switch buffer, KB.
     #[arg(long, default_value_t = 32 * 1024 * 1024 / 1000)]
     buffer_kb: u64,
+    /// PFC at the switch: pause the senders before the buffer overflows (lossless).
+    #[arg(long)]
+    pfc: bool,
     /// Path MTU (256, 512, 1024, 2048, 4096).
     #[arg(long, default_value_t = 1024)]
     mtu: u32,
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
             pmax: a.pmax,
         },
         buffer_bytes: a.buffer_kb * 1000,
+        pfc: a.pfc,
         mtu,
         topology: match a.parking_lot {
             Some(h) => Topology::ParkingLot { hops: h },
@@ -161,6 +165,10 @@ fn print_report(a: &Args, r: &IncastReport, wall: Duration) {
         a.duration_ms,
         wall.as_secs_f64()
     );
+    println!(
+        "goodput (RDMA payload) {:.2} Gb/s; per flow, wire Gb/s at the receiver:",
+        r.payload as f64 * 8.0 / r.duration_ns as f64
+    );
     println!("flow  2nd-half Gb/s");
     for (i, x) in rates.iter().enumerate() {
         println!("{i:>4}  {:>12.2}", x / 1e9);
@@ -178,10 +186,11 @@ fn print_report(a: &Args, r: &IncastReport, wall: Duration) {
         None => "not settled".into(),
     };
     println!(
-        "settled within 10% of fair share: {} (100 us bins), {} (1 ms bins); ECN marks {}",
+        "settled within 10% of fair share: {} (100 us bins), {} (1 ms bins); ECN marks {}; PFC pauses {}",
         settle(1),
         settle(10),
-        r.marked
+        r.marked,
+        r.pauses
     );
     println!(
         "jain {:.4} utilisation {:.4} queue mean {:.1} KB p99 {:.1} KB max {:.1} KB drops {} cnps {}",

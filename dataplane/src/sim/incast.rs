@@ -8,7 +8,7 @@
 //! bottleneck queue over time (time-weighted), utilisation, marks, CNPs and drops, and each
 //! sender's DCQCN rate over time.
 
-use super::{Faults, LinkConfig, NodeId, PortStats, Red, SimNet, SwitchConfig};
+use super::{Faults, LinkConfig, NodeId, Pfc, PortStats, Red, SimNet, SwitchConfig};
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::time::Instant;
 use crate::transport::cq::CompletionQueue;
@@ -55,6 +55,9 @@ pub struct IncastConfig {
     pub red: Red,
     /// Shared buffer of each switch.
     pub buffer_bytes: u64,
+    /// PFC at the switches: pause the links into a switch before its buffer overflows
+    /// (headroom for what is in flight on every ingress link), resume 3 KB lower.
+    pub pfc: bool,
     /// Path MTU.
     pub mtu: Mtu,
     /// WRITE size; each sender keeps `depth` of them posted.
@@ -87,6 +90,7 @@ impl IncastConfig {
                 pmax: 0.2,
             },
             buffer_bytes: 32 << 20,
+            pfc: false,
             mtu: Mtu::M1024,
             // 16 MiB posted per sender: more than the switch buffer holds, so without
             // congestion control the senders overflow it (the reference's flows are 2 GB).
@@ -102,8 +106,12 @@ impl IncastConfig {
 /// What a run measured.
 #[derive(Clone, Debug, Default)]
 pub struct IncastReport {
-    /// Payload bytes each flow delivered in each bin: `bins[bin][flow]`.
+    /// Wire bytes (frame, preamble, FCS and inter-frame gap) each flow delivered to the
+    /// receiver in each bin: `bins[bin][flow]`. Measured like the reference (wire bytes at the
+    /// bottleneck), so the flows of a full link add up to the link rate.
     pub bins: Vec<Vec<u64>>,
+    /// RDMA payload bytes delivered in all.
+    pub payload: u64,
     /// Bottleneck queue, bytes, every `sample`.
     pub queue: Vec<u64>,
     /// Each sender's rate, bits per second, every `sample`: `rates[sample][flow]`.
@@ -112,6 +120,8 @@ pub struct IncastReport {
     pub port: PortStats,
     /// Drops at every switch.
     pub drops: u64,
+    /// PFC pause episodes at every switch.
+    pub pauses: u64,
     /// CE marks at every switch.
     pub marked: u64,
     /// CNPs the receiver sent.
@@ -302,11 +312,21 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         bandwidth_bps: cfg.link_bps,
         faults: Faults::default(),
     };
+    // PFC headroom: per ingress link, a round trip of data at line rate (the pause takes one
+    // link delay to arrive, frames already on the wire one more) and two full frames.
+    let ingress = n as u64 + 1;
+    let bdp = cfg.link_bps / 8 * cfg.latency.as_nanos() as u64 / 1_000_000_000;
+    let headroom = ingress * (2 * bdp + 2 * (cfg.mtu.bytes() as u64 + 100));
+    let xoff = cfg.buffer_bytes.saturating_sub(headroom);
     let sw = SwitchConfig {
         buffer_bytes: cfg.buffer_bytes,
         red: Some(cfg.red),
         port_bps: cfg.link_bps,
         latency: cfg.latency,
+        pfc: cfg.pfc.then_some(Pfc {
+            xoff,
+            xon: xoff.saturating_sub(3000),
+        }),
     };
     let hops = match cfg.topology {
         Topology::Incast => 1,
@@ -407,6 +427,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t
                 && t > now
+                && t.0 != u64::MAX
             {
                 next = Some(next.map_or(t, |x| x.min(t)));
             }
@@ -448,7 +469,8 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
             };
             if to == RECEIVER {
                 let i = (from.0 - 1) as usize;
-                bin[i] += p.payload_len as u64;
+                bin[i] += f.len() as u64 + 24;
+                rep.payload += p.payload_len as u64;
                 rep.busy_ns += tx_ns(f.len());
                 let q = (p.dest_qp - 0x1000) as usize;
                 if let Some(qp) = recv.qps.get_mut(q) {
@@ -468,6 +490,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         }
     }
     rep.port = net.port_stats(last, RECEIVER, end).unwrap_or_default();
+    rep.pauses = switches.iter().map(|s| net.pauses(*s)).sum();
     for (_, st) in net.ports() {
         rep.drops += st.dropped;
         rep.marked += st.marked;
@@ -522,6 +545,24 @@ mod tests {
         );
         assert!(n.port.max_bytes > 4_000_000);
         assert!(n.rates.iter().flatten().all(|r| *r == 100e9));
+    }
+
+    #[test]
+    fn pfc_keeps_an_8_to_1_burst_lossless_in_a_buffer_of_kmax() {
+        let small = |pfc| {
+            run(&IncastConfig {
+                duration: Duration::from_millis(2),
+                buffer_bytes: 1_600_000,
+                pfc,
+                ..IncastConfig::reference(8)
+            })
+        };
+        let without = small(false);
+        assert!(without.drops > 0, "the start-up burst overflows Kmax");
+        let with = small(true);
+        assert_eq!((with.drops, with.errors), (0, 0));
+        assert!(with.pauses > 0);
+        assert!(with.port.max_bytes <= 1_600_000);
     }
 
     #[test]

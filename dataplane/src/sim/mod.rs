@@ -85,6 +85,8 @@ struct Link {
     cfg: LinkConfig,
     busy_until: Instant,
     bad: bool,
+    /// Held by a PFC pause from the switch it feeds.
+    paused: bool,
     stats: LinkStats,
 }
 
@@ -124,6 +126,19 @@ pub struct SwitchConfig {
     pub port_bps: u64,
     /// Propagation delay of the egress links.
     pub latency: Duration,
+    /// Priority flow control: pause every link into the switch when its buffer holds more
+    /// than `xoff` bytes, resume below `xon` (None: no PFC, a full buffer drops).
+    pub pfc: Option<Pfc>,
+}
+
+/// PFC thresholds of a switch's shared buffer (one priority; the pause reaches the sender
+/// after the link's delay, so `buffer - xoff` must cover what is in flight meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pfc {
+    /// Pause above this many bytes used.
+    pub xoff: u64,
+    /// Resume below this many.
+    pub xon: u64,
 }
 
 /// What one egress port of a switch saw. Queue figures are time-weighted from the first
@@ -204,6 +219,10 @@ struct Port {
 struct Switch {
     cfg: SwitchConfig,
     used: u64,
+    /// Its ingress links are paused.
+    pausing: bool,
+    /// PAUSE (XOFF) episodes it started.
+    pauses: u64,
 }
 
 /// A frame in flight, and where on its route it is.
@@ -224,6 +243,8 @@ enum Ev {
     AtSwitch(u64),
     /// An egress port (switch, next hop) finished sending a frame.
     PortFree(NodeId, NodeId),
+    /// A PFC pause (true) or resume reaches the sending end of link (from, to).
+    Pause(NodeId, NodeId, bool),
 }
 
 /// The network.
@@ -262,6 +283,7 @@ impl SimNet {
                 cfg,
                 busy_until: Instant::ZERO,
                 bad: false,
+                paused: false,
                 stats: LinkStats::default(),
             },
         );
@@ -275,7 +297,15 @@ impl SimNet {
 
     /// Makes `id` a switch.
     pub fn add_switch(&mut self, id: NodeId, cfg: SwitchConfig) {
-        self.switches.insert(id, Switch { cfg, used: 0 });
+        self.switches.insert(
+            id,
+            Switch {
+                cfg,
+                used: 0,
+                pausing: false,
+                pauses: 0,
+            },
+        );
     }
 
     /// Frames from `from` to `to` go over the link from `from` to `via[0]`, then through the
@@ -296,9 +326,29 @@ impl SimNet {
             .get(&(from, to))
             .and_then(|r| r.first().copied())
             .unwrap_or(to);
-        self.links
-            .get(&(from, first))
-            .map_or(Instant::ZERO, |l| l.busy_until)
+        match self.links.get(&(from, first)) {
+            Some(l) if l.paused => Instant(u64::MAX),
+            Some(l) => l.busy_until,
+            None => Instant::ZERO,
+        }
+    }
+
+    /// PFC pause episodes `switch` started.
+    pub fn pauses(&self, switch: NodeId) -> u64 {
+        self.switches.get(&switch).map_or(0, |s| s.pauses)
+    }
+
+    /// Sends PFC pause or resume to every link into `sw`, arriving after each link's delay.
+    fn pfc(&mut self, now: Instant, sw: NodeId, pause: bool) {
+        let into: Vec<(NodeId, Duration)> = self
+            .links
+            .iter()
+            .filter(|((_, to), _)| *to == sw)
+            .map(|((from, _), l)| (*from, l.cfg.latency))
+            .collect();
+        for (from, lat) in into {
+            self.push(now + lat, Ev::Pause(from, sw, pause));
+        }
     }
 
     /// What a link did.
@@ -436,6 +486,13 @@ impl SimNet {
                     }
                     self.dequeue(t, sw, next);
                 }
+                Ev::Pause(from, to, on) => {
+                    if let Some(l) = self.links.get_mut(&(from, to)) {
+                        l.paused = on;
+                        // Frames already handed to the link wait out the pause.
+                        l.busy_until = l.busy_until.max(t);
+                    }
+                }
             }
         }
     }
@@ -472,11 +529,20 @@ impl SimNet {
             return;
         }
         s.used += len;
+        let pause = matches!(cfg.pfc, Some(p) if s.used > p.xoff) && !s.pausing;
+        if pause {
+            s.pausing = true;
+            s.pauses += 1;
+        }
         port.stats.enqueued += 1;
         port.stats.bytes += len;
         port.stats.max_bytes = port.stats.max_bytes.max(port.stats.bytes);
         port.queue.push_back(id);
-        if !port.busy {
+        let busy = port.busy;
+        if pause {
+            self.pfc(now, sw, true);
+        }
+        if !busy {
             self.dequeue(now, sw, next);
         }
     }
@@ -495,8 +561,13 @@ impl SimNet {
         p.stats.account(now);
         p.stats.bytes -= len;
         p.stats.bytes_out += len;
+        let mut resume = false;
         if let Some(s) = self.switches.get_mut(&sw) {
             s.used -= len;
+            if s.pausing && matches!(s.cfg.pfc, Some(p) if s.used < p.xon) {
+                s.pausing = false;
+                resume = true;
+            }
         }
         if let Some(red) = p.cfg.red
             && self.rng.chance(red.probability(p.stats.bytes))
@@ -515,6 +586,9 @@ impl SimNet {
         };
         self.push(now + tx, Ev::PortFree(sw, next));
         self.push(arrive, ev);
+        if resume {
+            self.pfc(now, sw, false);
+        }
     }
 
     /// Frames in flight.

@@ -204,6 +204,7 @@ fn switch(buffer: u64, red: Option<Red>) -> SwitchConfig {
         red,
         port_bps: 100_000_000_000,
         latency: Duration::from_micros(1),
+        pfc: None,
     }
 }
 
