@@ -1055,6 +1055,10 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
         };
         a.qp.set_congestion_control(kind, 100e9, p);
         b.qp.set_congestion_control(kind, 100e9, p);
+        // B's frames carry VLAN 100 at PCP 3; its CNPs must go at cnp_802p_prio (6).
+        if let Some(path) = b.qp.cfg.path.as_mut() {
+            path.vlan = Some((100, 3));
+        }
         // 16 WRITEs of 64 KiB: 1024 packets, every one marked CE on the way to B.
         for id in 0..16 {
             a.qp.post_send(write_wr(&a, &b, id, 64 << 10)).unwrap();
@@ -1073,7 +1077,16 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
             &mut |from, f, now| {
                 let p = parse(f, Checks::ALL).unwrap();
                 if from == 1 && p.opcode == op::CNP {
-                    cnps.push((p.dest_qp, p.dscp, p.ecn, p.becn));
+                    cnps.push((
+                        p.dest_qp,
+                        p.dscp,
+                        p.ecn,
+                        p.becn,
+                        p.vlan.map(|v| (v.vid, v.pcp)),
+                    ));
+                }
+                if from == 1 && p.opcode == op::RC_ACK {
+                    assert_eq!(p.vlan.map(|v| v.pcp), Some(3), "ACKs keep the path's PCP");
                 }
                 if from == 0 {
                     last_data = now;
@@ -1095,7 +1108,7 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
             "{sent} CNPs in {end:?}"
         );
         for c in &cnps {
-            assert_eq!(*c, (0x11, 48, Ecn::NotEct, true));
+            assert_eq!(*c, (0x11, 48, Ecn::NotEct, true, Some((100, 6))));
         }
         match (kind, a.qp.cc()) {
             (CcKind::Dcqcn, Cc::Dcqcn(d)) => {
@@ -1123,4 +1136,59 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
 
 fn d_counts(d: &crate::cc::Dcqcn) -> (u64, u64) {
     (d.cnp_handled, d.cnp_ignored)
+}
+
+#[test]
+fn dcqcn_settings_change_at_run_time_per_qp() {
+    use crate::cc::{Cc, CcKind, DcqcnParams};
+    let (mut a, _b) = pair(Mtu::M1024, 0, 0);
+    let p = DcqcnParams {
+        rate_reduce_monitor_period: 0,
+        initial_alpha_value: 1024,
+        rpg_byte_reset: 0,
+        ..DcqcnParams::nvidia()
+    };
+    a.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
+    // A CNP from the peer QP: rate halves (alpha 1).
+    let mut cnp = Vec::new();
+    let mut peer = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
+    peer.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
+    a.qp.post_send(write_wr(&a, &peer, 1, 100)).unwrap();
+    let mut f = Vec::new();
+    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+    assert!(crate::sim::mark_ce(&mut f));
+    peer.qp
+        .handle_frame(Instant(1), &f, &mut peer.mrs, &mut peer.scq, &mut peer.rcq);
+    while peer
+        .qp
+        .poll_transmit(Instant(1), &peer.mrs, &mut peer.scq, &mut cnp)
+    {
+        if opcode_of(&cnp) == Some(op::CNP) {
+            a.qp.handle_frame(Instant(2), &cnp, &mut a.mrs, &mut a.scq, &mut a.rcq);
+        }
+    }
+    let rate = |a: &Node| match a.qp.cc() {
+        Cc::Dcqcn(d) => (d.rate(), d.target()),
+        _ => unreachable!(),
+    };
+    assert_eq!(rate(&a), (50e9, 100e9));
+    assert_eq!(a.qp.cc().cnp_counts(), (1, 0));
+    assert_eq!(a.qp.cc_counters.rp_cnp_received, 1);
+    assert_eq!(peer.qp.cc_counters.np_cnp_sent, 1);
+    // Raise this QP's timer period to 1 ms at run time: no increase at 300 us, one at 1 ms.
+    a.qp.set_cc_params(DcqcnParams {
+        rpg_time_reset: 1000,
+        ..p
+    });
+    assert_eq!(a.qp.cc_params().rpg_time_reset, 1000);
+    a.qp.handle_timeout(Instant(2 + 300_000), &mut a.scq);
+    assert_eq!(
+        rate(&a).0,
+        75e9,
+        "the timer armed before the change fires once more"
+    );
+    a.qp.handle_timeout(Instant(2 + 600_000), &mut a.scq);
+    assert_eq!(rate(&a).0, 75e9, "then it runs every 1 ms");
+    a.qp.handle_timeout(Instant(2 + 1_300_000), &mut a.scq);
+    assert_eq!(rate(&a).0, 87.5e9);
 }
