@@ -585,11 +585,18 @@ impl RcQp {
         if let Some(r) = self.responses.pop_front() {
             return self.send_response(r, mrs, out);
         }
-        if self.cfg.state != QpState::Rts
+        let drains = self.cfg.state == QpState::Sqd
+            && self
+                .sq
+                .get(self.send_idx)
+                .is_some_and(|w| w.first_psn.diff(self.sent_hw) < 0);
+        if !(self.cfg.state == QpState::Rts || drains)
             || self.send_idx >= self.sq.len()
             || self.rnr_until.is_some()
             || self.paced() && self.now < self.next_send
         {
+            // In SQD only messages already begun go on (and are resent): the send queue
+            // drains without starting new work.
             return false;
         }
         let w = &self.sq[self.send_idx];
@@ -1313,7 +1320,7 @@ impl RcQp {
         }
         if self.ack_deadline.is_some_and(|t| t <= now) {
             self.ack_deadline = None;
-            if self.sq.is_empty() || self.cfg.state != QpState::Rts {
+            if self.sq.is_empty() || !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
                 return;
             }
             if self.retries_left == 0 {

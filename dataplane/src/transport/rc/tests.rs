@@ -1192,3 +1192,46 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
     a.qp.handle_timeout(Instant(2 + 1_300_000), &mut a.scq);
     assert_eq!(rate(&a).0, 87.5e9);
 }
+
+#[test]
+fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
+    use crate::transport::qp::QpAttr;
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    a.qp.post_send(write_wr(&a, &b, 1, 3000)).unwrap();
+    a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+    // The first packet of WR 1 leaves, then the QP is asked to drain.
+    let mut f = Vec::new();
+    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+    b.qp.handle_frame(Instant(1), &f, &mut b.mrs, &mut b.scq, &mut b.rcq);
+    a.qp.modify(&QpAttr {
+        state: Some(QpState::Sqd),
+        ..Default::default()
+    })
+    .unwrap();
+    // Lose WR 1's last packet once: the drain still retransmits it.
+    let mut lost = false;
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
+        if from == 0 && !lost && opcode_of(f) == Some(op::RC_WRITE_LAST) {
+            lost = true;
+            return true;
+        }
+        assert_ne!(
+            opcode_of(f),
+            Some(op::RC_WRITE_ONLY),
+            "WR 2 must not start in SQD"
+        );
+        false
+    });
+    assert!(lost);
+    let c = polled(&mut a.scq);
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1]);
+    assert_eq!(a.qp.outstanding(), 1);
+    // Back to RTS: WR 2 goes.
+    a.qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        ..Default::default()
+    })
+    .unwrap();
+    pump(&mut a, &mut b);
+    assert_eq!(polled(&mut a.scq)[0].wr_id, 2);
+}
