@@ -41,17 +41,9 @@ fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
     .unwrap();
     qp.connect(&Connect {
         access: all,
-        path: Path::sim(me, other, 0xc000),
-        mtu: Mtu::M4096,
-        dest_qp: peer,
-        sq_psn: 0,
-        rq_psn: 0,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: 1,
         max_rd_atomic: 4,
         max_dest_rd_atomic: 4,
+        ..Connect::new(Path::sim(me, other, 0xc000), Mtu::M4096, peer)
     })
     .unwrap();
     Node {

@@ -33,6 +33,33 @@ fn font() -> Result<(), String> {
     .clone()
 }
 
+/// One line per flow, Gb/s against ms.
+fn gbps_chart(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    t_end: f64,
+    gbps: f64,
+    series: &[Vec<(f64, f64)>],
+) -> Res {
+    let mut c = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..t_end, 0f64..gbps * 1.05)?;
+    c.configure_mesh()
+        .x_desc("time (ms)")
+        .y_desc("Gb/s")
+        .draw()?;
+    for (f, pts) in series.iter().enumerate() {
+        c.draw_series(LineSeries::new(
+            pts.iter().copied(),
+            Palette99::pick(f).stroke_width(1),
+        ))?;
+    }
+    Ok(())
+}
+
 /// Rate per flow (the receiver's 100 us throughput bins and each sender's DCQCN rate) and the
 /// bottleneck queue, over time, in one PNG.
 pub fn incast(path: &Path, r: &IncastReport, title: &str) -> Res {
@@ -49,47 +76,38 @@ pub fn incast(path: &Path, r: &IncastReport, title: &str) -> Res {
         title
     };
 
-    let mut c = ChartBuilder::on(&parts[0])
-        .caption(
-            format!("wire throughput per flow at the receiver (100 us bins) {title}"),
-            ("sans-serif", 16),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..t_end, 0f64..gbps * 1.05)?;
-    c.configure_mesh()
-        .x_desc("time (ms)")
-        .y_desc("Gb/s")
-        .draw()?;
-    for f in 0..n {
-        let pts = r.bins.iter().enumerate().map(|(k, b)| {
-            (
-                (k as f64 + 1.0) * r.bin_ns as f64 / 1e6,
-                b[f] as f64 * 8.0 / r.bin_ns as f64,
-            )
-        });
-        c.draw_series(LineSeries::new(pts, Palette99::pick(f).stroke_width(1)))?;
-    }
-
-    let mut c = ChartBuilder::on(&parts[1])
-        .caption("sender DCQCN rate Rc (10 us samples)", ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..t_end, 0f64..gbps * 1.05)?;
-    c.configure_mesh()
-        .x_desc("time (ms)")
-        .y_desc("Gb/s")
-        .draw()?;
-    for f in 0..n {
-        let pts = r
-            .rates
-            .iter()
-            .enumerate()
-            .map(|(k, x)| (k as f64 * r.sample_ns as f64 / 1e6, x[f] / 1e9));
-        c.draw_series(LineSeries::new(pts, Palette99::pick(f).stroke_width(1)))?;
-    }
+    let bins: Vec<Vec<(f64, f64)>> = (0..n)
+        .map(|f| {
+            r.bins
+                .iter()
+                .enumerate()
+                .map(|(k, b)| {
+                    (
+                        (k as f64 + 1.0) * r.bin_ns as f64 / 1e6,
+                        b[f] as f64 * 8.0 / r.bin_ns as f64,
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let caption = format!("wire throughput per flow at the receiver (100 us bins) {title}");
+    gbps_chart(&parts[0], &caption, t_end, gbps, &bins)?;
+    let rates: Vec<Vec<(f64, f64)>> = (0..n)
+        .map(|f| {
+            r.rates
+                .iter()
+                .enumerate()
+                .map(|(k, x)| (k as f64 * r.sample_ns as f64 / 1e6, x[f] / 1e9))
+                .collect()
+        })
+        .collect();
+    gbps_chart(
+        &parts[1],
+        "sender DCQCN rate Rc (10 us samples)",
+        t_end,
+        gbps,
+        &rates,
+    )?;
 
     let qmax = r.queue.iter().copied().max().unwrap_or(0) as f64 / 1e3;
     let mut c = ChartBuilder::on(&parts[2])

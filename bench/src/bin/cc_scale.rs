@@ -41,16 +41,20 @@ struct Fixed {
     _pad: [u8; core::mem::size_of::<Dcqcn>() - 8],
 }
 
-/// The same loop with fixed per-QP rates and no DCQCN: what pacing alone costs.
-fn run_fixed(n: usize, packets: u64, seed: u64) -> f64 {
+/// The lcore's pacing loop over `qps`, started at random offsets within one gap of a QP at
+/// line/N: time advances one line-rate packet per step; every QP whose send time has come is
+/// served by `serve` (which returns its next send time); `every_64` runs after each 64th
+/// packet. Returns ns of wall time per packet.
+fn pace<T>(
+    qps: &mut [T],
+    packets: u64,
+    seed: u64,
+    mut serve: impl FnMut(&mut T, Instant) -> Instant,
+    mut every_64: impl FnMut(&mut [T], Instant, &mut SplitMix64),
+) -> f64 {
+    let n = qps.len();
     let mut rng = SplitMix64::new(seed);
-    let mut qps = vec![
-        Fixed {
-            rate: LINE / n as f64,
-            _pad: [0; core::mem::size_of::<Dcqcn>() - 8],
-        };
-        n
-    ];
+    // 2^17 slots of 128 ns: one turn is 16.8 ms, longer than the 8.7 ms gap of a 1 Mb/s QP.
     let mut wheel = PacingWheel::new(n, 1 << 17, 128, Instant(0));
     let gap = (FRAME * 8) as f64 * 1e9 / (LINE / n as f64);
     for k in 0..n {
@@ -65,19 +69,47 @@ fn run_fixed(n: usize, packets: u64, seed: u64) -> f64 {
         let at = Instant(now as u64);
         while let Some(k) = wheel.pop_expired(at) {
             if let Some(nk) = wheel.peek() {
-                prefetch(&qps[nk as usize] as *const _);
+                prefetch(&qps[nk as usize] as *const T);
             }
-            let q = &mut qps[k as usize];
-            let next = at.0 as f64 + (FRAME * 8) as f64 * 1e9 / q.rate;
-            q._pad[0] = q._pad[0].wrapping_add(1);
-            wheel.insert(k, Instant(next as u64));
+            let next = serve(&mut qps[k as usize], at);
+            wheel.insert(k, next);
             sent += 1;
+            if sent.is_multiple_of(64) {
+                every_64(qps, at, &mut rng);
+            }
         }
     }
     black_box(&qps);
     t.elapsed().as_nanos() as f64 / sent as f64
 }
 
+fn after(at: Instant, rate: f64) -> Instant {
+    Instant(at.0 + ((FRAME * 8) as f64 * 1e9 / rate) as u64)
+}
+
+/// The loop with fixed per-QP rates and no DCQCN: what pacing alone costs.
+fn run_fixed(n: usize, packets: u64, seed: u64) -> f64 {
+    let mut qps = vec![
+        Fixed {
+            rate: LINE / n as f64,
+            _pad: [0; core::mem::size_of::<Dcqcn>() - 8],
+        };
+        n
+    ];
+    pace(
+        &mut qps,
+        packets,
+        seed,
+        |q, at| {
+            q._pad[0] = q._pad[0].wrapping_add(1);
+            after(at, q.rate)
+        },
+        |_, _, _| {},
+    )
+}
+
+/// The loop with DCQCN: due timers, the byte counter, the rate; a CNP for a random QP every
+/// 64 packets.
 fn run(n: usize, packets: u64, seed: u64) -> f64 {
     // Rates held at line/N for the measurement (no increases, cuts by alpha 0), so every
     // step sends one packet; timer events are measured on their own (`timer_events`).
@@ -90,42 +122,26 @@ fn run(n: usize, packets: u64, seed: u64) -> f64 {
         rpg_byte_reset: 0,
         ..DcqcnParams::nvidia()
     };
-    let mut rng = SplitMix64::new(seed);
     let mut qps: Vec<Dcqcn> = (0..n).map(|_| Dcqcn::new(LINE)).collect();
-    // 2^17 slots of 128 ns: one turn is 16.8 ms, longer than the 8.7 ms gap of a 1 Mb/s QP.
-    let mut wheel = PacingWheel::new(n, 1 << 17, 128, Instant(0));
-    let gap = (FRAME * 8) as f64 * 1e9 / (LINE / n as f64);
-    for (k, d) in qps.iter_mut().enumerate() {
+    for d in qps.iter_mut() {
         d.on_cnp(Instant(0), &p);
-        wheel.insert(k as u32, Instant(rng.below(gap as u64 + 1)));
     }
-    let step = (FRAME * 8) as f64 * 1e9 / LINE;
-    let mut now = 0f64;
-    let mut sent = 0u64;
-    let t = std::time::Instant::now();
-    while sent < packets {
-        now += step;
-        let at = Instant(now as u64);
-        while let Some(k) = wheel.pop_expired(at) {
-            if let Some(nk) = wheel.peek() {
-                prefetch(&qps[nk as usize] as *const _);
-            }
-            let d = &mut qps[k as usize];
+    pace(
+        &mut qps,
+        packets,
+        seed,
+        |d, at| {
             if d.next_timeout().is_some_and(|t| t <= at) {
                 d.handle_timeout(at, &p);
             }
             d.on_sent(FRAME, &p);
-            let next = at.0 as f64 + (FRAME * 8) as f64 * 1e9 / d.rate();
-            wheel.insert(k, Instant(next as u64));
-            sent += 1;
-            if sent.is_multiple_of(64) {
-                let r = rng.below(n as u64) as usize;
-                qps[r].on_cnp(at, &p);
-            }
-        }
-    }
-    black_box(&qps);
-    t.elapsed().as_nanos() as f64 / sent as f64
+            after(at, d.rate())
+        },
+        |qps, at, rng| {
+            let r = rng.below(qps.len() as u64) as usize;
+            qps[r].on_cnp(at, &p);
+        },
+    )
 }
 
 /// ns per DCQCN timer event (a rate increase) over N rate-limited QPs taken in random order.

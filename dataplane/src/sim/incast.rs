@@ -266,19 +266,10 @@ fn endpoint(qpns: &[u32], mem: usize, cc: CcKind, p: DcqcnParams, line: f64) -> 
 }
 
 fn connect(qp: &mut RcQp, me: u8, other: u8, peer: u32, mtu: Mtu) {
+    let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
     let c = Connect {
         access: Access::REMOTE_WRITE,
-        path: Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff)),
-        mtu,
-        dest_qp: peer,
-        sq_psn: 0,
-        rq_psn: 0,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: 1,
-        max_rd_atomic: 1,
-        max_dest_rd_atomic: 1,
+        ..Connect::new(path, mtu, peer)
     };
     qp.connect(&c).expect("connect");
 }

@@ -233,6 +233,30 @@ pub struct Connect {
     pub max_dest_rd_atomic: u8,
 }
 
+impl Connect {
+    /// A connection to `dest_qp` over `path` at `mtu` with the settings RoCE deployments
+    /// commonly use: PSNs from 0, ACK timeout code 14 (67 ms), retry_cnt 7, rnr_retry 7
+    /// (forever), min_rnr_timer 1 (0.01 ms), 16 READs/atomics each way, remote write, read
+    /// and atomic allowed. Change fields with struct update syntax.
+    pub fn new(path: super::qp::Path, mtu: super::qp::Mtu, dest_qp: u32) -> Self {
+        use super::mr::Access;
+        Connect {
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            path,
+            mtu,
+            dest_qp,
+            sq_psn: 0,
+            rq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
 /// One RC queue pair.
 #[derive(Debug)]
 pub struct RcQp {
@@ -1092,6 +1116,19 @@ impl RcQp {
         };
     }
 
+    /// Retries from `psn` (go back N), or completes the front request with RETRY_EXC_ERR when
+    /// retry_cnt tries have gone without progress. Until something new is acknowledged,
+    /// acknowledgements still in flight from before start no other retry.
+    fn retry(&mut self, psn: Psn, cq: &mut CompletionQueue) {
+        self.retrying = true;
+        if self.retries_left == 0 {
+            self.fail_front(0, WcStatus::RetryExcErr, cq);
+            return;
+        }
+        self.retries_left -= 1;
+        self.rewind(psn);
+    }
+
     /// Go back N: send again from `psn`.
     fn rewind(&mut self, psn: Psn) {
         let i = self
@@ -1157,17 +1194,9 @@ impl RcQp {
             && front.wr.op.is_read_or_atomic()
             && psn.diff(front.last_psn()) > 0
         {
-            if self.retrying {
-                return;
+            if !self.retrying {
+                self.retry(self.una, cq);
             }
-            self.retrying = true;
-            if self.retries_left == 0 {
-                self.fail_front(0, WcStatus::RetryExcErr, cq);
-                return;
-            }
-            self.retries_left -= 1;
-            let una = self.una;
-            self.rewind(una);
             return;
         }
         let syndrome = info.aeth(frame).map(|a| a.syndrome);
@@ -1181,16 +1210,9 @@ impl RcQp {
                 }
                 // A NAK for a retry already under way (a duplicate, or one that crossed our
                 // resend) starts nothing new.
-                if self.retrying {
-                    return;
+                if !self.retrying {
+                    self.retry(psn, cq);
                 }
-                self.retrying = true;
-                if self.retries_left == 0 {
-                    self.fail_front(0, WcStatus::RetryExcErr, cq);
-                    return;
-                }
-                self.retries_left -= 1;
-                self.rewind(psn);
                 return;
             }
             Some(Syndrome::Nak(code)) => {
@@ -1262,14 +1284,7 @@ impl RcQp {
                 if info.op.has(mask::LAST) && !self.retrying {
                     // The stream ended with holes: ask again from the oldest now rather than
                     // wait for the ACK timer (rxe retries at once on a READ response gap).
-                    self.retrying = true;
-                    if self.retries_left == 0 {
-                        self.fail_front(0, WcStatus::RetryExcErr, cq);
-                        return;
-                    }
-                    self.retries_left -= 1;
-                    let una = self.una;
-                    self.rewind(una);
+                    self.retry(self.una, cq);
                 }
                 return;
             }
@@ -1323,13 +1338,7 @@ impl RcQp {
             if self.sq.is_empty() || !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
                 return;
             }
-            if self.retries_left == 0 {
-                self.fail_front(0, WcStatus::RetryExcErr, cq);
-                return;
-            }
-            self.retries_left -= 1;
-            let una = self.una;
-            self.rewind(una);
+            self.retry(self.una, cq);
         }
     }
 

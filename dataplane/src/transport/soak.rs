@@ -157,22 +157,14 @@ fn side(n: usize, me: u8, seed: u64) -> Side {
 }
 
 fn connect(qp: &mut RcQp, peer: u32, me: u8, other: u8, mtu: Mtu) {
+    // Connect::new's timeout is 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB
+    // messages queued on one link and go-back-N under 10 % loss, a shorter timer fires while
+    // data is still queued and its spurious retransmissions feed the queue.
+    let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
     let c = Connect {
-        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        path: Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff)),
-        mtu,
-        dest_qp: peer,
         sq_psn: 0xff_ff00,
         rq_psn: 0xff_ff00,
-        // 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB messages queued on
-        // one link and go-back-N under 10 % loss, a shorter timer fires while data is still
-        // queued and its spurious retransmissions feed the queue.
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: 1,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
+        ..Connect::new(path, mtu, peer)
     };
     qp.connect(&c).expect("connect");
 }

@@ -57,17 +57,13 @@ fn node_retries(
     .unwrap();
     qp.connect(&Connect {
         access: all,
-        path: Path::sim(me, other, 0xc000 | qpn as u16),
-        mtu,
-        dest_qp: peer,
         sq_psn,
         rq_psn,
-        timeout: 14,
         retry_cnt,
         rnr_retry,
-        min_rnr_timer: 1,
         max_rd_atomic: 4,
         max_dest_rd_atomic: 4,
+        ..Connect::new(Path::sim(me, other, 0xc000 | qpn as u16), mtu, peer)
     })
     .unwrap();
     Node {
@@ -866,20 +862,7 @@ fn caps_are_checked_at_create_and_post() {
     )
     .unwrap();
     small
-        .connect(&Connect {
-            access: Access::REMOTE_WRITE,
-            path: Path::sim(1, 2, 0xc007),
-            mtu: Mtu::M1024,
-            dest_qp: 8,
-            sq_psn: 0,
-            rq_psn: 0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 1,
-            max_rd_atomic: 1,
-            max_dest_rd_atomic: 1,
-        })
+        .connect(&Connect::new(Path::sim(1, 2, 0xc007), Mtu::M1024, 8))
         .unwrap();
     let too_many = PostError::Wr(WrError::TooManySge);
     assert_eq!(small.post_send(wr(write, 3)), Err(too_many));
