@@ -45,6 +45,9 @@ pub trait PacketBuf: Send + 'static {
     fn append(&mut self, len: usize) -> Option<&mut [u8]>;
     /// Drops `len` bytes from the end. False if the frame is shorter.
     fn trim(&mut self, len: usize) -> bool;
+    /// Empties the buffer and restores its standard headroom, ready to build a frame in.
+    /// False if it cannot be (a chained multi-segment mbuf).
+    fn reset(&mut self) -> bool;
     /// Frame length.
     fn len(&self) -> usize {
         self.data().len()
@@ -111,12 +114,6 @@ impl HeapBuf {
             .copy_from_slice(frame);
         b
     }
-
-    /// Empties the buffer and restores the standard headroom.
-    pub fn reset(&mut self) {
-        self.start = Self::HEADROOM;
-        self.end = Self::HEADROOM;
-    }
 }
 
 impl Default for HeapBuf {
@@ -159,6 +156,49 @@ impl PacketBuf for HeapBuf {
             return false;
         }
         self.end -= len;
+        true
+    }
+    fn reset(&mut self) -> bool {
+        self.start = Self::HEADROOM;
+        self.end = Self::HEADROOM;
+        true
+    }
+}
+
+/// A plain vector as a buffer without headroom, for tests and tools: `prepend` moves the bytes
+/// (the packet path uses mbufs or [`HeapBuf`], which have headroom).
+impl PacketBuf for Vec<u8> {
+    fn data(&self) -> &[u8] {
+        self
+    }
+    fn data_mut(&mut self) -> &mut [u8] {
+        self
+    }
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.splice(0..0, core::iter::repeat_n(0, len));
+        Some(&mut self[..len])
+    }
+    fn adj(&mut self, len: usize) -> bool {
+        if len > self.len() {
+            return false;
+        }
+        self.drain(..len);
+        true
+    }
+    fn append(&mut self, len: usize) -> Option<&mut [u8]> {
+        let old = self.len();
+        self.resize(old + len, 0);
+        Some(&mut self[old..])
+    }
+    fn trim(&mut self, len: usize) -> bool {
+        if len > self.len() {
+            return false;
+        }
+        self.truncate(self.len() - len);
+        true
+    }
+    fn reset(&mut self) -> bool {
+        self.clear();
         true
     }
 }

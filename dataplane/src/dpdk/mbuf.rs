@@ -203,6 +203,17 @@ impl PacketBuf for Mbuf {
     }
 
     #[inline]
+    fn reset(&mut self) -> bool {
+        if self.m().nb_segs != 1 {
+            return false;
+        }
+        // SAFETY: we own this single-segment mbuf; rte_pktmbuf_reset empties it, clears its
+        // offload flags and restores the default headroom.
+        unsafe { sys::rte_pktmbuf_reset(self.0.as_ptr()) };
+        true
+    }
+
+    #[inline]
     fn rx_ip_checksum(&self) -> RxChecksum {
         let f = self.m().ol_flags & sys::RTE_MBUF_F_RX_IP_CKSUM_MASK as u64;
         if f == sys::RTE_MBUF_F_RX_IP_CKSUM_GOOD as u64 {

@@ -24,12 +24,13 @@ use super::wr::{
     ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers,
     gather, plan,
 };
+use crate::PacketBuf;
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::ipv4::{self, Ecn};
 use crate::wire::opcode::{mask, op};
-use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, parse};
+use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, parse};
 use crate::wire::{Psn, atomic_ack_eth, bth, cnp, eth, ipv6, udp};
 use arrayvec::ArrayVec;
 use std::collections::VecDeque;
@@ -301,6 +302,8 @@ pub struct RcQp {
     last_cnp: Option<Instant>,
     /// CNPs and CE marks seen.
     pub cc_counters: CcCounters,
+    /// The port computes IPv4 header checksums on transmit.
+    tx_offload: bool,
     // Responder.
     rq: VecDeque<RecvWr>,
     recv_cur: Option<(RecvWr, u64)>,
@@ -347,6 +350,7 @@ impl RcQp {
             next_send: Instant::ZERO,
             last_cnp: None,
             cc_counters: CcCounters::default(),
+            tx_offload: false,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_cur: None,
             write_cur: None,
@@ -364,6 +368,11 @@ impl RcQp {
     /// The caps it was created with.
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// Leaves IPv4 header checksums to the port (only for ports that offer the offload).
+    pub fn set_tx_checksum_offload(&mut self, on: bool) {
+        self.tx_offload = on;
     }
 
     /// Chooses congestion control for this QP on a port of `line_bps` (starts at that rate).
@@ -556,27 +565,29 @@ impl RcQp {
         })
     }
 
-    /// Emits a frame with `payload_len` bytes filled by `fill` into `out`.
-    fn emit(
+    /// Builds a frame with `payload_len` bytes filled by `fill` in `out` (emptied first): the
+    /// payload is written once, straight into the buffer, and the headers go in front of it
+    /// (into an mbuf's headroom).
+    fn emit<B: PacketBuf>(
         &self,
-        out: &mut Vec<u8>,
+        out: &mut B,
         bth: bth::Repr,
         ext: ExtRepr,
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
         let r = self.repr(bth, ext)?;
-        let h = r.header_len();
-        out.clear();
-        out.resize(r.frame_len(payload_len), 0);
-        if let Err(e) = fill(&mut out[h..h + payload_len]) {
+        if !out.reset() {
+            return None;
+        }
+        let dst = out.append(payload_len)?;
+        if let Err(e) = fill(dst) {
+            out.reset();
             return Some(Err(e));
         }
-        r.emit(out, payload_len, false).ok()?;
-        if let IpRepr::V6(ip) = &r.ip {
-            let at = r.eth.buffer_len() + ipv6::HEADER_LEN;
-            let c = udp::checksum_v6(&ip.src, &ip.dst, &out[at..]);
-            out[at + 6..at + 8].copy_from_slice(&c.to_be_bytes());
+        if build(out, &r, self.tx_offload).is_err() {
+            out.reset();
+            return None;
         }
         Some(Ok(()))
     }
@@ -595,12 +606,12 @@ impl RcQp {
 
     /// Writes the next frame to send into `out`; false if there is nothing to send. Responses
     /// go before new requests.
-    pub fn poll_transmit(
+    pub fn poll_transmit<B: PacketBuf>(
         &mut self,
         now: Instant,
         mrs: &MrTable,
         cq: &mut CompletionQueue,
-        out: &mut Vec<u8>,
+        out: &mut B,
     ) -> bool {
         self.now = self.now.max(now);
         if self.cfg.path.is_none() {
@@ -706,7 +717,7 @@ impl RcQp {
         true
     }
 
-    fn send_response(&mut self, r: Response, mrs: &MrTable, out: &mut Vec<u8>) -> bool {
+    fn send_response<B: PacketBuf>(&mut self, r: Response, mrs: &MrTable, out: &mut B) -> bool {
         match r {
             Response::Ack { psn, syndrome, msn } => {
                 let ext = ExtRepr {
