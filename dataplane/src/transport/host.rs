@@ -1,0 +1,685 @@
+//! The RC transport on an lcore: an [`RdmaHost`] owns this lcore's memory regions and QPs and
+//! runs them as a [`Handler`] of the poll loop.
+//!
+//! Received RoCEv2 frames go to the QP their BTH names (found by index, no search); a QP that
+//! may have something to send (after a frame, a post or a timer) goes on a ready list and is
+//! polled into freshly allocated buffers, the payload gathered straight from the MR into the
+//! buffer (one copy), headers in front. Each QP's next deadline (ACK timeout, RNR wait, DCQCN
+//! timer, pacing) sits in a timer queue, so idle QPs cost nothing and nothing scans all QPs.
+//! The control thread (and applications in the process) drive it with [`RdmaCommand`]s over the
+//! loop's command channel; replies come back on the channel each command carries.
+//!
+//! QP numbers encode their owner: bits 20-23 are the lcore's shard, bits 0-19 the index in
+//! its table, so any lcore can tell whose a QP is from the BTH alone.
+
+use super::cq::{CompletionQueue, WorkCompletion};
+use super::mr::{Access, MrError, MrTable, PdHandle};
+use super::rc::{CapsError, Connect, PostError, QpCaps, RcQp};
+use super::timers::TimerQueue;
+use super::wr::{RecvWr, SendWr};
+use crate::PacketBuf;
+use crate::cc::{CcKind, DcqcnParams};
+use crate::counters::DropReason;
+use crate::lcore::{Handler, Io};
+use crate::port::{Burst, PortQueue};
+use crate::wire::packet::{Checks, parse};
+use crossbeam_channel::Sender;
+use std::collections::VecDeque;
+
+/// Bits of a QPN below the owner's shard.
+pub const QPN_SHARD_SHIFT: u32 = 20;
+/// Packets one QP may send per loop iteration before the others get a turn.
+const QP_BUDGET: usize = 32;
+
+/// The shard (owning lcore) of a QP number.
+pub fn shard_of(qpn: u32) -> u32 {
+    (qpn >> QPN_SHARD_SHIFT) & 0xf
+}
+
+/// What the control side asks of the host. Replies go back on the channel given.
+#[derive(Debug)]
+pub enum RdmaCommand {
+    /// Registers `len` zeroed bytes at virtual address `va` with `access`; replies the key
+    /// (lkey = rkey).
+    RegMr {
+        /// Virtual address the region answers to.
+        va: u64,
+        /// Bytes.
+        len: usize,
+        /// Rights.
+        access: Access,
+        /// The key.
+        reply: Sender<Result<u32, MrError>>,
+    },
+    /// Copies `data` into a region at `va` (an operator's or test's slow path).
+    WriteMr {
+        /// The region's key.
+        key: u32,
+        /// Where.
+        va: u64,
+        /// What.
+        data: Vec<u8>,
+        /// Done.
+        reply: Sender<Result<(), MrError>>,
+    },
+    /// Reads `len` bytes of a region at `va`.
+    ReadMr {
+        /// The region's key.
+        key: u32,
+        /// Where.
+        va: u64,
+        /// How many.
+        len: usize,
+        /// The bytes.
+        reply: Sender<Result<Vec<u8>, MrError>>,
+    },
+    /// Creates a QP in RESET; replies its QPN.
+    CreateQp {
+        /// Caps.
+        caps: QpCaps,
+        /// Congestion control.
+        cc: CcKind,
+        /// DCQCN settings.
+        params: DcqcnParams,
+        /// The QPN.
+        reply: Sender<Result<u32, CapsError>>,
+    },
+    /// Takes a QP to RTS.
+    Connect {
+        /// The QP.
+        qpn: u32,
+        /// How.
+        c: Box<Connect>,
+        /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Posts a send work request.
+    PostSend {
+        /// The QP.
+        qpn: u32,
+        /// The request.
+        wr: Box<SendWr>,
+        /// Taken, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Posts a receive work request.
+    PostRecv {
+        /// The QP.
+        qpn: u32,
+        /// The request.
+        wr: Box<RecvWr>,
+        /// Taken, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Takes up to `max` completions from a QP's send and receive CQs.
+    PollCq {
+        /// The QP.
+        qpn: u32,
+        /// At most.
+        max: usize,
+        /// Send completions, then receive completions.
+        reply: Sender<(Vec<WorkCompletion>, Vec<WorkCompletion>)>,
+    },
+    /// Destroys a QP (its outstanding work is dropped with it).
+    DestroyQp {
+        /// The QP.
+        qpn: u32,
+        /// Done, or no such QP.
+        reply: Sender<bool>,
+    },
+}
+
+struct Slot {
+    qp: RcQp,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    ready: bool,
+}
+
+/// This lcore's RDMA state.
+pub struct RdmaHost<B> {
+    shard: u32,
+    port: usize,
+    mrs: MrTable,
+    pd: PdHandle,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    ready: VecDeque<u32>,
+    timers: TimerQueue<u32>,
+    /// A buffer allocated for a QP that then had nothing to send, kept for the next one.
+    spare: Option<B>,
+    line_bps: f64,
+}
+
+impl<B> core::fmt::Debug for RdmaHost<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RdmaHost")
+            .field("shard", &self.shard)
+            .field("qps", &(self.slots.len() - self.free.len()))
+            .finish()
+    }
+}
+
+impl<B: PacketBuf> RdmaHost<B> {
+    /// A host for shard `shard` (0-15) sending on `port` of `line_bps`.
+    pub fn new(shard: u32, port: usize, line_bps: f64) -> Self {
+        let mut mrs = MrTable::new();
+        let pd = mrs.alloc_pd();
+        RdmaHost {
+            shard: shard & 0xf,
+            port,
+            mrs,
+            pd,
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+            timers: TimerQueue::with_capacity(1024),
+            spare: None,
+            line_bps,
+        }
+    }
+
+    fn qpn(&self, index: u32) -> u32 {
+        self.shard << QPN_SHARD_SHIFT | index
+    }
+
+    fn index(&self, qpn: u32) -> Option<usize> {
+        if shard_of(qpn) != self.shard {
+            return None;
+        }
+        let i = (qpn & ((1 << QPN_SHARD_SHIFT) - 1)) as usize;
+        self.slots.get(i)?.as_ref().map(|_| i)
+    }
+
+    fn mark_ready(&mut self, i: usize) {
+        if let Some(s) = self.slots[i].as_mut()
+            && !s.ready
+        {
+            s.ready = true;
+            self.ready.push_back(i as u32);
+        }
+    }
+
+    /// Sends what the ready QPs have, then re-arms their timers.
+    fn transmit<Q: PortQueue<Buf = B>>(&mut self, io: &mut Io<'_, Q>) {
+        let now = io.now;
+        for _ in 0..self.ready.len() {
+            let Some(i) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(s) = self.slots[i as usize].as_mut() else {
+                continue;
+            };
+            s.ready = false;
+            let mut sent = 0;
+            while sent < QP_BUDGET {
+                let mut buf = match self.spare.take() {
+                    Some(b) => b,
+                    None => match io.alloc(self.port) {
+                        Some(b) => b,
+                        None => break,
+                    },
+                };
+                if s.qp.poll_transmit(now, &self.mrs, &mut s.scq, &mut buf) {
+                    io.send(self.port, buf);
+                    sent += 1;
+                } else {
+                    self.spare = Some(buf);
+                    break;
+                }
+            }
+            match s.qp.poll_timeout() {
+                Some(t) => self.timers.set(i, t),
+                None => {
+                    self.timers.cancel(i);
+                }
+            }
+            if sent == QP_BUDGET {
+                s.ready = true;
+                self.ready.push_back(i);
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: RdmaCommand) {
+        match cmd {
+            RdmaCommand::RegMr {
+                va,
+                len,
+                access,
+                reply,
+            } => {
+                let r = self
+                    .mrs
+                    .register(self.pd, va, Box::new(vec![0u8; len]), access);
+                let _ = reply.send(r);
+            }
+            RdmaCommand::WriteMr {
+                key,
+                va,
+                data,
+                reply,
+            } => {
+                let r = self
+                    .mrs
+                    .get_mut(key)
+                    .and_then(|m| m.slice_mut(va, data.len()))
+                    .map(|d| d.copy_from_slice(&data));
+                let _ = reply.send(r);
+            }
+            RdmaCommand::ReadMr {
+                key,
+                va,
+                len,
+                reply,
+            } => {
+                let r = self
+                    .mrs
+                    .get(key)
+                    .and_then(|m| m.slice(va, len))
+                    .map(|d| d.to_vec());
+                let _ = reply.send(r);
+            }
+            RdmaCommand::CreateQp {
+                caps,
+                cc,
+                params,
+                reply,
+            } => {
+                let i = match self.free.pop() {
+                    Some(i) => i,
+                    None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
+                        // QPNs 0 and 1 are the special QPs: shard 0 never hands them out.
+                        if self.slots.is_empty() && self.shard == 0 {
+                            self.slots.push(None);
+                            self.slots.push(None);
+                        }
+                        self.slots.push(None);
+                        self.slots.len() as u32 - 1
+                    }
+                    None => {
+                        let _ = reply.send(Err(CapsError::OutOfRange("QPs on this lcore")));
+                        return;
+                    }
+                };
+                let r = RcQp::new(self.qpn(i), self.pd, caps).map(|mut qp| {
+                    qp.set_congestion_control(cc, self.line_bps, params);
+                    let qpn = qp.qpn;
+                    self.slots[i as usize] = Some(Slot {
+                        qp,
+                        scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
+                        rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
+                        ready: false,
+                    });
+                    qpn
+                });
+                if r.is_err() {
+                    self.free.push(i);
+                }
+                let _ = reply.send(r);
+            }
+            RdmaCommand::Connect { qpn, c, reply } => {
+                let r = match self.index(qpn) {
+                    Some(i) => self.slots[i]
+                        .as_mut()
+                        .expect("index checked")
+                        .qp
+                        .connect(&c)
+                        .map_err(|e| e.to_string()),
+                    None => Err(format!("no QP {qpn:#x} on this lcore")),
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::PostSend { qpn, wr, reply } => {
+                let r = match self.index(qpn) {
+                    Some(i) => {
+                        let r = self.slots[i]
+                            .as_mut()
+                            .expect("index checked")
+                            .qp
+                            .post_send(*wr)
+                            .map_err(|e: PostError| e.to_string());
+                        self.mark_ready(i);
+                        r
+                    }
+                    None => Err(format!("no QP {qpn:#x} on this lcore")),
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::PostRecv { qpn, wr, reply } => {
+                let r = match self.index(qpn) {
+                    Some(i) => self.slots[i]
+                        .as_mut()
+                        .expect("index checked")
+                        .qp
+                        .post_recv(*wr)
+                        .map_err(|e| e.to_string()),
+                    None => Err(format!("no QP {qpn:#x} on this lcore")),
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::PollCq { qpn, max, reply } => {
+                let (mut s, mut r) = (Vec::new(), Vec::new());
+                if let Some(i) = self.index(qpn) {
+                    let slot = self.slots[i].as_mut().expect("index checked");
+                    slot.scq.poll(max, &mut s);
+                    slot.rcq.poll(max, &mut r);
+                }
+                let _ = reply.send((s, r));
+            }
+            RdmaCommand::DestroyQp { qpn, reply } => {
+                let ok = match self.index(qpn) {
+                    Some(i) => {
+                        self.slots[i] = None;
+                        self.timers.cancel(i as u32);
+                        self.free.push(i as u32);
+                        true
+                    }
+                    None => false,
+                };
+                let _ = reply.send(ok);
+            }
+        }
+    }
+}
+
+impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
+    type Command = RdmaCommand;
+
+    fn on_burst(&mut self, _port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>) {
+        let now = io.now;
+        for buf in burst.drain(..) {
+            let qp = match parse(buf.data(), Checks::NONE) {
+                Ok(info) => info.dest_qp,
+                Err(_) => {
+                    io.drop_frame(DropReason::NotForUs, buf);
+                    continue;
+                }
+            };
+            let Some(i) = self.index(qp) else {
+                io.drop_frame(DropReason::NotForUs, buf);
+                continue;
+            };
+            let s = self.slots[i].as_mut().expect("index checked");
+            // The QP checks the frame whole (checksums, ICRC) and answers or completes.
+            s.qp.handle_frame(now, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
+            self.mark_ready(i);
+        }
+    }
+
+    fn on_poll(&mut self, io: &mut Io<'_, Q>) {
+        let now = io.now;
+        while let Some(i) = self.timers.pop_expired(now) {
+            if let Some(s) = self.slots[i as usize].as_mut() {
+                s.qp.handle_timeout(now, &mut s.scq);
+                self.mark_ready(i as usize);
+            }
+        }
+        if !self.ready.is_empty() {
+            self.transmit(io);
+        }
+    }
+
+    fn on_command(&mut self, cmd: RdmaCommand, io: &mut Io<'_, Q>) {
+        self.command(cmd);
+        if !self.ready.is_empty() {
+            self.transmit(io);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.spare = None;
+        self.slots.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::LcoreCounters;
+    use crate::lcore::{Command, LcoreId, StdClock, Worker};
+    use crate::port::mem::link;
+    use crate::port::{MacAddr, PortCaps, PortId, PortInfo};
+    use crate::transport::cq::{WcOpcode, WcStatus};
+    use crate::transport::qp::{Mtu, Path};
+    use crate::transport::wr::{SendOp, Sge};
+    use arrayvec::ArrayVec;
+    use crossbeam_channel::{Receiver, unbounded};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const VA: u64 = 0x1000_0000;
+    type Ctl = Sender<Command<RdmaCommand>>;
+
+    fn info(i: u16) -> PortInfo {
+        PortInfo {
+            id: PortId(i),
+            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
+            mtu: 9000,
+            caps: PortCaps::default(),
+        }
+    }
+
+    fn ask<T>(ctl: &Ctl, make: impl FnOnce(Sender<T>) -> RdmaCommand) -> T {
+        let (tx, rx): (Sender<T>, Receiver<T>) = unbounded();
+        ctl.send(Command::Handler(make(tx))).unwrap();
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the lcore answers")
+    }
+
+    fn sg(key: u32, va: u64, len: u32) -> ArrayVec<Sge, 8> {
+        let mut v = ArrayVec::new();
+        v.push(Sge {
+            addr: va,
+            length: len,
+            lkey: key,
+        });
+        v
+    }
+
+    fn wait_for(ctl: &Ctl, qpn: u32, send: bool) -> WorkCompletion {
+        let t = std::time::Instant::now();
+        loop {
+            let (s, r) = ask(ctl, |reply| RdmaCommand::PollCq { qpn, max: 1, reply });
+            if let Some(c) = if send { s } else { r }.into_iter().next() {
+                return c;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "no completion");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
+        let (qa, qb) = link(info(1), info(2), 8192);
+        let mut ctls = Vec::new();
+        let mut threads = Vec::new();
+        for (i, q) in [qa, qb].into_iter().enumerate() {
+            let (tx, rx) = unbounded();
+            let w = Worker::new(
+                LcoreId(i as u16),
+                vec![q],
+                RdmaHost::new(i as u32, 0, 100e9),
+                StdClock::new(),
+                Arc::new(LcoreCounters::default()),
+                rx,
+            );
+            threads.push(std::thread::spawn(move || w.run()));
+            ctls.push(tx);
+        }
+        let (a, b) = (&ctls[0], &ctls[1]);
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let reg = |c: &Ctl| {
+            ask(c, |reply| RdmaCommand::RegMr {
+                va: VA,
+                len: 4 << 20,
+                access: all,
+                reply,
+            })
+            .unwrap()
+        };
+        let (ka, kb) = (reg(a), reg(b));
+        let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+        ask(a, |reply| RdmaCommand::WriteMr {
+            key: ka,
+            va: VA,
+            data: pattern.clone(),
+            reply,
+        })
+        .unwrap();
+        let create = |c: &Ctl| {
+            ask(c, |reply| RdmaCommand::CreateQp {
+                caps: QpCaps::default(),
+                cc: CcKind::Dcqcn,
+                params: DcqcnParams::nvidia(),
+                reply,
+            })
+            .unwrap()
+        };
+        let (qpa, qpb) = (create(a), create(b));
+        assert_eq!((shard_of(qpa), shard_of(qpb)), (0, 1));
+        for (c, me, other, q, peer) in [(a, 1, 2, qpa, qpb), (b, 2, 1, qpb, qpa)] {
+            let conn = Connect::new(Path::sim(me, other, 0xc000), Mtu::M1024, peer);
+            ask(c, |reply| RdmaCommand::Connect {
+                qpn: q,
+                c: Box::new(conn),
+                reply,
+            })
+            .unwrap();
+        }
+        let post = |c: &Ctl, q: u32, wr: SendWr| {
+            ask(c, |reply| RdmaCommand::PostSend {
+                qpn: q,
+                wr: Box::new(wr),
+                reply,
+            })
+            .unwrap()
+        };
+        let wr = |id, op, sg| SendWr {
+            wr_id: id,
+            op,
+            sg,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        };
+        // 1 MiB WRITE from A into B.
+        post(
+            a,
+            qpa,
+            wr(
+                1,
+                SendOp::Write {
+                    remote_addr: VA + (1 << 20),
+                    rkey: kb,
+                },
+                sg(ka, VA, 1 << 20),
+            ),
+        );
+        let c = wait_for(a, qpa, true);
+        assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
+        let got = ask(b, |reply| RdmaCommand::ReadMr {
+            key: kb,
+            va: VA + (1 << 20),
+            len: 1 << 20,
+            reply,
+        })
+        .unwrap();
+        assert!(got == pattern, "WRITE landed byte for byte");
+        // B READs 256 KiB of it back from A into its own buffer.
+        post(
+            b,
+            qpb,
+            wr(
+                2,
+                SendOp::Read {
+                    remote_addr: VA + 4096,
+                    rkey: ka,
+                },
+                sg(kb, VA + (3 << 20), 256 << 10),
+            ),
+        );
+        let c = wait_for(b, qpb, true);
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode),
+            (2, WcStatus::Success, WcOpcode::RdmaRead)
+        );
+        let got = ask(b, |reply| RdmaCommand::ReadMr {
+            key: kb,
+            va: VA + (3 << 20),
+            len: 256 << 10,
+            reply,
+        })
+        .unwrap();
+        assert!(got[..] == pattern[4096..4096 + (256 << 10)]);
+        // A SEND into a posted receive, and a fetch-and-add.
+        ask(b, |reply| RdmaCommand::PostRecv {
+            qpn: qpb,
+            wr: Box::new(RecvWr {
+                wr_id: 3,
+                sg: sg(kb, VA + (2 << 20), 5000),
+            }),
+            reply,
+        })
+        .unwrap();
+        post(
+            a,
+            qpa,
+            wr(3, SendOp::SendWithImm(0xfeed), sg(ka, VA + 100, 5000)),
+        );
+        let r = wait_for(b, qpb, false);
+        assert_eq!((r.wr_id, r.byte_len, r.imm_data), (3, 5000, Some(0xfeed)));
+        assert_eq!(wait_for(a, qpa, true).status, WcStatus::Success);
+        post(
+            a,
+            qpa,
+            wr(
+                4,
+                SendOp::FetchAdd {
+                    remote_addr: VA + (1 << 20),
+                    rkey: kb,
+                    add: 5,
+                },
+                sg(ka, VA + (2 << 20), 8),
+            ),
+        );
+        assert_eq!(wait_for(a, qpa, true).status, WcStatus::Success);
+        let orig = ask(a, |reply| RdmaCommand::ReadMr {
+            key: ka,
+            va: VA + (2 << 20),
+            len: 8,
+            reply,
+        })
+        .unwrap();
+        assert_eq!(orig, pattern[..8]);
+        let now = ask(b, |reply| RdmaCommand::ReadMr {
+            key: kb,
+            va: VA + (1 << 20),
+            len: 8,
+            reply,
+        })
+        .unwrap();
+        let want = u64::from_le_bytes(pattern[..8].try_into().unwrap()).wrapping_add(5);
+        assert_eq!(u64::from_le_bytes(now.try_into().unwrap()), want);
+        // Wrong input gets an answer, not a panic.
+        assert!(
+            ask(a, |reply| RdmaCommand::PostSend {
+                qpn: 0x77,
+                wr: Box::new(wr(9, SendOp::Send, ArrayVec::new())),
+                reply,
+            })
+            .is_err()
+        );
+        assert!(ask(a, |reply| RdmaCommand::DestroyQp { qpn: qpa, reply }));
+        assert!(!ask(a, |reply| RdmaCommand::DestroyQp { qpn: qpa, reply }));
+        for c in &ctls {
+            c.send(Command::Stop).unwrap();
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
