@@ -433,6 +433,186 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
     }
 }
 
+/// A host's command channel, as the control side holds it.
+pub type HostControl = Sender<crate::lcore::Command<RdmaCommand>>;
+
+fn ask<T>(ctl: &HostControl, make: impl FnOnce(Sender<T>) -> RdmaCommand) -> Result<T, String> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    ctl.send(crate::lcore::Command::Handler(make(tx)))
+        .map_err(|_| "the lcore has stopped".to_string())?;
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .map_err(|_| "the lcore did not answer in 10 s".to_string())
+}
+
+fn wait_for(ctl: &HostControl, qpn: u32, send: bool) -> Result<WorkCompletion, String> {
+    let t = std::time::Instant::now();
+    loop {
+        let (s, r) = ask(ctl, |reply| RdmaCommand::PollCq { qpn, max: 1, reply })?;
+        if let Some(c) = if send { s } else { r }.into_iter().next() {
+            return Ok(c);
+        }
+        if t.elapsed() > std::time::Duration::from_secs(20) {
+            return Err(format!("no completion on QP {qpn:#x} in 20 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Checks two hosts whose ports are joined (A's `me` address 1, B's 2, as [`Path::sim`]
+/// gives): registers a 4 MiB region on each, connects an RC QP pair at `mtu`, and moves a
+/// 1 MiB WRITE, a 256 KiB READ, a SEND with immediate and a fetch-and-add, checking every
+/// byte; then destroys the QPs. Err names the first thing that went wrong.
+pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Result<(), String> {
+    use super::cq::{WcOpcode, WcStatus};
+    use super::qp::Path;
+    use super::wr::{SendOp, Sge};
+    use arrayvec::ArrayVec;
+    const VA: u64 = 0x1000_0000;
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let reg = |c: &HostControl| {
+        ask(c, |reply| RdmaCommand::RegMr {
+            va: VA,
+            len: 4 << 20,
+            access: all,
+            reply,
+        })?
+        .map_err(|e| e.to_string())
+    };
+    let (ka, kb) = (reg(a)?, reg(b)?);
+    let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    ask(a, |reply| RdmaCommand::WriteMr {
+        key: ka,
+        va: VA,
+        data: pattern.clone(),
+        reply,
+    })?
+    .map_err(|e| e.to_string())?;
+    let create = |c: &HostControl| {
+        ask(c, |reply| RdmaCommand::CreateQp {
+            caps: QpCaps::default(),
+            cc: CcKind::Dcqcn,
+            params: DcqcnParams::nvidia(),
+            reply,
+        })?
+        .map_err(|e| e.to_string())
+    };
+    let (qpa, qpb) = (create(a)?, create(b)?);
+    for (c, me, other, q, peer) in [(a, 1, 2, qpa, qpb), (b, 2, 1, qpb, qpa)] {
+        let conn = Connect::new(Path::sim(me, other, 0xc000), mtu, peer);
+        ask(c, |reply| RdmaCommand::Connect {
+            qpn: q,
+            c: Box::new(conn),
+            reply,
+        })??;
+    }
+    let sg = |key: u32, va: u64, len: u32| {
+        let mut v: ArrayVec<Sge, 8> = ArrayVec::new();
+        v.push(Sge {
+            addr: va,
+            length: len,
+            lkey: key,
+        });
+        v
+    };
+    let post = |c: &HostControl, q: u32, id: u64, op: SendOp, sg: ArrayVec<Sge, 8>| {
+        let wr = SendWr {
+            wr_id: id,
+            op,
+            sg,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        };
+        ask(c, |reply| RdmaCommand::PostSend {
+            qpn: q,
+            wr: Box::new(wr),
+            reply,
+        })?
+    };
+    let read = |c: &HostControl, key: u32, va: u64, len: usize| {
+        ask(c, |reply| RdmaCommand::ReadMr {
+            key,
+            va,
+            len,
+            reply,
+        })?
+        .map_err(|e| e.to_string())
+    };
+    let ok = |c: WorkCompletion, id: u64, what: &str| {
+        if c.wr_id == id && c.status == WcStatus::Success {
+            Ok(c)
+        } else {
+            Err(format!("{what}: {c:?}"))
+        }
+    };
+    // 1 MiB WRITE from A into B.
+    let write = SendOp::Write {
+        remote_addr: VA + (1 << 20),
+        rkey: kb,
+    };
+    post(a, qpa, 1, write, sg(ka, VA, 1 << 20))?;
+    ok(wait_for(a, qpa, true)?, 1, "WRITE")?;
+    if read(b, kb, VA + (1 << 20), 1 << 20)? != pattern {
+        return Err("the WRITE's bytes differ at B".into());
+    }
+    // B READs 256 KiB of A's region.
+    let rd = SendOp::Read {
+        remote_addr: VA + 4096,
+        rkey: ka,
+    };
+    post(b, qpb, 2, rd, sg(kb, VA + (3 << 20), 256 << 10))?;
+    let c = ok(wait_for(b, qpb, true)?, 2, "READ")?;
+    if c.opcode != WcOpcode::RdmaRead
+        || read(b, kb, VA + (3 << 20), 256 << 10)? != pattern[4096..4096 + (256 << 10)]
+    {
+        return Err("the READ returned the wrong bytes".into());
+    }
+    // A SEND with immediate into a posted receive.
+    ask(b, |reply| RdmaCommand::PostRecv {
+        qpn: qpb,
+        wr: Box::new(RecvWr {
+            wr_id: 3,
+            sg: sg(kb, VA + (2 << 20), 5000),
+        }),
+        reply,
+    })??;
+    post(
+        a,
+        qpa,
+        3,
+        SendOp::SendWithImm(0xfeed),
+        sg(ka, VA + 100, 5000),
+    )?;
+    let r = ok(wait_for(b, qpb, false)?, 3, "receive")?;
+    if (r.byte_len, r.imm_data) != (5000, Some(0xfeed))
+        || read(b, kb, VA + (2 << 20), 5000)? != pattern[100..5100]
+    {
+        return Err(format!("the SEND arrived wrong: {r:?}"));
+    }
+    ok(wait_for(a, qpa, true)?, 3, "SEND")?;
+    // Fetch-and-add 5 on the first word A wrote into B.
+    let fa = SendOp::FetchAdd {
+        remote_addr: VA + (1 << 20),
+        rkey: kb,
+        add: 5,
+    };
+    post(a, qpa, 4, fa, sg(ka, VA + (2 << 20), 8))?;
+    ok(wait_for(a, qpa, true)?, 4, "FetchAdd")?;
+    let first = u64::from_le_bytes(pattern[..8].try_into().expect("8 bytes"));
+    let orig = read(a, ka, VA + (2 << 20), 8)?;
+    let now = read(b, kb, VA + (1 << 20), 8)?;
+    if orig[..] != pattern[..8] || now[..] != first.wrapping_add(5).to_le_bytes() {
+        return Err("the fetch-and-add returned or left the wrong value".into());
+    }
+    for (c, q) in [(a, qpa), (b, qpb)] {
+        if !ask(c, |reply| RdmaCommand::DestroyQp { qpn: q, reply })? {
+            return Err(format!("QP {q:#x} could not be destroyed"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,16 +620,11 @@ mod tests {
     use crate::lcore::{Command, LcoreId, StdClock, Worker};
     use crate::port::mem::link;
     use crate::port::{MacAddr, PortCaps, PortId, PortInfo};
-    use crate::transport::cq::{WcOpcode, WcStatus};
-    use crate::transport::qp::{Mtu, Path};
-    use crate::transport::wr::{SendOp, Sge};
+    use crate::transport::qp::Mtu;
+    use crate::transport::wr::SendOp;
     use arrayvec::ArrayVec;
-    use crossbeam_channel::{Receiver, unbounded};
+    use crossbeam_channel::unbounded;
     use std::sync::Arc;
-    use std::time::Duration;
-
-    const VA: u64 = 0x1000_0000;
-    type Ctl = Sender<Command<RdmaCommand>>;
 
     fn info(i: u16) -> PortInfo {
         PortInfo {
@@ -457,35 +632,6 @@ mod tests {
             mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
             mtu: 9000,
             caps: PortCaps::default(),
-        }
-    }
-
-    fn ask<T>(ctl: &Ctl, make: impl FnOnce(Sender<T>) -> RdmaCommand) -> T {
-        let (tx, rx): (Sender<T>, Receiver<T>) = unbounded();
-        ctl.send(Command::Handler(make(tx))).unwrap();
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("the lcore answers")
-    }
-
-    fn sg(key: u32, va: u64, len: u32) -> ArrayVec<Sge, 8> {
-        let mut v = ArrayVec::new();
-        v.push(Sge {
-            addr: va,
-            length: len,
-            lkey: key,
-        });
-        v
-    }
-
-    fn wait_for(ctl: &Ctl, qpn: u32, send: bool) -> WorkCompletion {
-        let t = std::time::Instant::now();
-        loop {
-            let (s, r) = ask(ctl, |reply| RdmaCommand::PollCq { qpn, max: 1, reply });
-            if let Some(c) = if send { s } else { r }.into_iter().next() {
-                return c;
-            }
-            assert!(t.elapsed() < Duration::from_secs(20), "no completion");
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -508,173 +654,36 @@ mod tests {
             ctls.push(tx);
         }
         let (a, b) = (&ctls[0], &ctls[1]);
-        let all = Access::LOCAL_WRITE
-            | Access::REMOTE_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
-        let reg = |c: &Ctl| {
-            ask(c, |reply| RdmaCommand::RegMr {
-                va: VA,
-                len: 4 << 20,
-                access: all,
-                reply,
-            })
-            .unwrap()
-        };
-        let (ka, kb) = (reg(a), reg(b));
-        let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
-        ask(a, |reply| RdmaCommand::WriteMr {
-            key: ka,
-            va: VA,
-            data: pattern.clone(),
+        for mtu in [Mtu::M1024, Mtu::M4096, Mtu::M256] {
+            pair_check(a, b, mtu).unwrap();
+        }
+        // QPNs carry their owner.
+        let q = ask(b, |reply| RdmaCommand::CreateQp {
+            caps: QpCaps::default(),
+            cc: CcKind::None,
+            params: DcqcnParams::nvidia(),
             reply,
         })
+        .unwrap()
         .unwrap();
-        let create = |c: &Ctl| {
-            ask(c, |reply| RdmaCommand::CreateQp {
-                caps: QpCaps::default(),
-                cc: CcKind::Dcqcn,
-                params: DcqcnParams::nvidia(),
-                reply,
-            })
-            .unwrap()
-        };
-        let (qpa, qpb) = (create(a), create(b));
-        assert_eq!((shard_of(qpa), shard_of(qpb)), (0, 1));
-        for (c, me, other, q, peer) in [(a, 1, 2, qpa, qpb), (b, 2, 1, qpb, qpa)] {
-            let conn = Connect::new(Path::sim(me, other, 0xc000), Mtu::M1024, peer);
-            ask(c, |reply| RdmaCommand::Connect {
-                qpn: q,
-                c: Box::new(conn),
-                reply,
-            })
-            .unwrap();
-        }
-        let post = |c: &Ctl, q: u32, wr: SendWr| {
-            ask(c, |reply| RdmaCommand::PostSend {
-                qpn: q,
-                wr: Box::new(wr),
-                reply,
-            })
-            .unwrap()
-        };
-        let wr = |id, op, sg| SendWr {
-            wr_id: id,
-            op,
-            sg,
+        assert_eq!(shard_of(q), 1);
+        // Wrong input gets an answer, not a panic.
+        let wr = SendWr {
+            wr_id: 9,
+            op: SendOp::Send,
+            sg: ArrayVec::new(),
             signaled: true,
             solicited: false,
             fence: false,
         };
-        // 1 MiB WRITE from A into B.
-        post(
-            a,
-            qpa,
-            wr(
-                1,
-                SendOp::Write {
-                    remote_addr: VA + (1 << 20),
-                    rkey: kb,
-                },
-                sg(ka, VA, 1 << 20),
-            ),
-        );
-        let c = wait_for(a, qpa, true);
-        assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
-        let got = ask(b, |reply| RdmaCommand::ReadMr {
-            key: kb,
-            va: VA + (1 << 20),
-            len: 1 << 20,
+        let r = ask(a, |reply| RdmaCommand::PostSend {
+            qpn: 0x77,
+            wr: Box::new(wr),
             reply,
         })
         .unwrap();
-        assert!(got == pattern, "WRITE landed byte for byte");
-        // B READs 256 KiB of it back from A into its own buffer.
-        post(
-            b,
-            qpb,
-            wr(
-                2,
-                SendOp::Read {
-                    remote_addr: VA + 4096,
-                    rkey: ka,
-                },
-                sg(kb, VA + (3 << 20), 256 << 10),
-            ),
-        );
-        let c = wait_for(b, qpb, true);
-        assert_eq!(
-            (c.wr_id, c.status, c.opcode),
-            (2, WcStatus::Success, WcOpcode::RdmaRead)
-        );
-        let got = ask(b, |reply| RdmaCommand::ReadMr {
-            key: kb,
-            va: VA + (3 << 20),
-            len: 256 << 10,
-            reply,
-        })
-        .unwrap();
-        assert!(got[..] == pattern[4096..4096 + (256 << 10)]);
-        // A SEND into a posted receive, and a fetch-and-add.
-        ask(b, |reply| RdmaCommand::PostRecv {
-            qpn: qpb,
-            wr: Box::new(RecvWr {
-                wr_id: 3,
-                sg: sg(kb, VA + (2 << 20), 5000),
-            }),
-            reply,
-        })
-        .unwrap();
-        post(
-            a,
-            qpa,
-            wr(3, SendOp::SendWithImm(0xfeed), sg(ka, VA + 100, 5000)),
-        );
-        let r = wait_for(b, qpb, false);
-        assert_eq!((r.wr_id, r.byte_len, r.imm_data), (3, 5000, Some(0xfeed)));
-        assert_eq!(wait_for(a, qpa, true).status, WcStatus::Success);
-        post(
-            a,
-            qpa,
-            wr(
-                4,
-                SendOp::FetchAdd {
-                    remote_addr: VA + (1 << 20),
-                    rkey: kb,
-                    add: 5,
-                },
-                sg(ka, VA + (2 << 20), 8),
-            ),
-        );
-        assert_eq!(wait_for(a, qpa, true).status, WcStatus::Success);
-        let orig = ask(a, |reply| RdmaCommand::ReadMr {
-            key: ka,
-            va: VA + (2 << 20),
-            len: 8,
-            reply,
-        })
-        .unwrap();
-        assert_eq!(orig, pattern[..8]);
-        let now = ask(b, |reply| RdmaCommand::ReadMr {
-            key: kb,
-            va: VA + (1 << 20),
-            len: 8,
-            reply,
-        })
-        .unwrap();
-        let want = u64::from_le_bytes(pattern[..8].try_into().unwrap()).wrapping_add(5);
-        assert_eq!(u64::from_le_bytes(now.try_into().unwrap()), want);
-        // Wrong input gets an answer, not a panic.
-        assert!(
-            ask(a, |reply| RdmaCommand::PostSend {
-                qpn: 0x77,
-                wr: Box::new(wr(9, SendOp::Send, ArrayVec::new())),
-                reply,
-            })
-            .is_err()
-        );
-        assert!(ask(a, |reply| RdmaCommand::DestroyQp { qpn: qpa, reply }));
-        assert!(!ask(a, |reply| RdmaCommand::DestroyQp { qpn: qpa, reply }));
+        assert!(r.unwrap_err().contains("no QP"));
+        assert!(!ask(a, |reply| RdmaCommand::DestroyQp { qpn: 0x77, reply }).unwrap());
         for c in &ctls {
             c.send(Command::Stop).unwrap();
         }
