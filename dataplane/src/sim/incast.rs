@@ -486,14 +486,14 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         rep.drops += st.dropped;
         rep.marked += st.marked;
     }
-    rep.cnps = recv.qps.iter().map(|q| q.cc_counters.np_cnp_sent).sum();
+    rep.cnps = recv.qps.iter().map(|q| q.counters.np_cnp_sent).sum();
     if std::env::var_os("INCAST_DEBUG").is_some() {
         for (i, q) in recv.qps.iter().enumerate() {
             let (h, ig) = senders[i].qps[0].cc().cnp_counts();
             eprintln!(
                 "flow {i}: marked {} cnps {} handled {h} ignored {ig} alpha {:.4}",
-                q.cc_counters.np_ecn_marked_roce_packets,
-                q.cc_counters.np_cnp_sent,
+                q.counters.np_ecn_marked_roce_packets,
+                q.counters.np_cnp_sent,
                 match senders[i].qps[0].cc() {
                     Cc::Dcqcn(d) => d.alpha(end, &cfg.params),
                     _ => 0.0,

@@ -157,15 +157,115 @@ enum Response {
     Cnp,
 }
 
-/// Congestion-control counters of one QP (mlx5/rxe names).
+/// Counters of one QP, under the names mlx5 and rxe report (`rdma statistic`, ethtool):
+/// written only by the lcore that owns the QP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CcCounters {
+pub struct QpCounters {
+    /// Frames sent (requests, responses, ACKs, CNPs, retransmissions).
+    pub sent_pkts: u64,
+    /// Frames received for this QP that parsed and passed their checks.
+    pub rcvd_pkts: u64,
+    /// RDMA WRITE request packets executed.
+    pub rx_write_requests: u64,
+    /// RDMA READ requests executed (first asks and re-asks).
+    pub rx_read_requests: u64,
+    /// Atomic requests executed.
+    pub rx_atomic_requests: u64,
+    /// Requests answered with RNR NAK for want of a receive WQE.
+    pub out_of_buffer: u64,
+    /// Requests that arrived out of sequence (NAKed once, then dropped until the gap fills).
+    pub out_of_sequence: u64,
+    /// Duplicate requests (re-ACKed, READs re-executed, atomics answered from the cache).
+    pub duplicate_request: u64,
+    /// PSN sequence error NAKs received.
+    pub packet_seq_err: u64,
+    /// Go-back-N started by an implied NAK (a response past an unanswered READ/atomic).
+    pub implied_nak_seq_err: u64,
+    /// Local ACK timeouts that started a retry.
+    pub local_ack_timeout_err: u64,
+    /// RNR NAKs received.
+    pub rnr_nak_retry_err: u64,
+    /// Work requests failed with RETRY_EXC_ERR.
+    pub req_transport_retries_exceeded: u64,
+    /// Work requests failed with RNR_RETRY_EXC_ERR.
+    pub req_rnr_retries_exceeded: u64,
     /// RoCE packets that arrived CE-marked.
     pub np_ecn_marked_roce_packets: u64,
     /// CNPs sent.
     pub np_cnp_sent: u64,
     /// CNPs received.
     pub rp_cnp_received: u64,
+}
+
+impl QpCounters {
+    /// Adds `o` into `self` (for per-lcore and per-port totals).
+    pub fn add(&mut self, o: &QpCounters) {
+        let QpCounters {
+            sent_pkts,
+            rcvd_pkts,
+            rx_write_requests,
+            rx_read_requests,
+            rx_atomic_requests,
+            out_of_buffer,
+            out_of_sequence,
+            duplicate_request,
+            packet_seq_err,
+            implied_nak_seq_err,
+            local_ack_timeout_err,
+            rnr_nak_retry_err,
+            req_transport_retries_exceeded,
+            req_rnr_retries_exceeded,
+            np_ecn_marked_roce_packets,
+            np_cnp_sent,
+            rp_cnp_received,
+        } = *o;
+        self.sent_pkts += sent_pkts;
+        self.rcvd_pkts += rcvd_pkts;
+        self.rx_write_requests += rx_write_requests;
+        self.rx_read_requests += rx_read_requests;
+        self.rx_atomic_requests += rx_atomic_requests;
+        self.out_of_buffer += out_of_buffer;
+        self.out_of_sequence += out_of_sequence;
+        self.duplicate_request += duplicate_request;
+        self.packet_seq_err += packet_seq_err;
+        self.implied_nak_seq_err += implied_nak_seq_err;
+        self.local_ack_timeout_err += local_ack_timeout_err;
+        self.rnr_nak_retry_err += rnr_nak_retry_err;
+        self.req_transport_retries_exceeded += req_transport_retries_exceeded;
+        self.req_rnr_retries_exceeded += req_rnr_retries_exceeded;
+        self.np_ecn_marked_roce_packets += np_ecn_marked_roce_packets;
+        self.np_cnp_sent += np_cnp_sent;
+        self.rp_cnp_received += rp_cnp_received;
+    }
+
+    /// (name, value) pairs, in the order above.
+    pub fn named(&self) -> [(&'static str, u64); 17] {
+        [
+            ("sent_pkts", self.sent_pkts),
+            ("rcvd_pkts", self.rcvd_pkts),
+            ("rx_write_requests", self.rx_write_requests),
+            ("rx_read_requests", self.rx_read_requests),
+            ("rx_atomic_requests", self.rx_atomic_requests),
+            ("out_of_buffer", self.out_of_buffer),
+            ("out_of_sequence", self.out_of_sequence),
+            ("duplicate_request", self.duplicate_request),
+            ("packet_seq_err", self.packet_seq_err),
+            ("implied_nak_seq_err", self.implied_nak_seq_err),
+            ("local_ack_timeout_err", self.local_ack_timeout_err),
+            ("rnr_nak_retry_err", self.rnr_nak_retry_err),
+            (
+                "req_transport_retries_exceeded",
+                self.req_transport_retries_exceeded,
+            ),
+            ("req_rnr_retries_exceeded", self.req_rnr_retries_exceeded),
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_received", self.rp_cnp_received),
+        ]
+    }
 }
 
 /// How far past the oldest missing PSN READ responses are placed on arrival.
@@ -300,8 +400,8 @@ pub struct RcQp {
     next_send: Instant,
     /// When we last queued a CNP.
     last_cnp: Option<Instant>,
-    /// CNPs and CE marks seen.
-    pub cc_counters: CcCounters,
+    /// What happened on this QP.
+    pub counters: QpCounters,
     /// The port computes IPv4 header checksums on transmit.
     tx_offload: bool,
     // Responder.
@@ -349,7 +449,7 @@ impl RcQp {
             cc_params: DcqcnParams::nvidia(),
             next_send: Instant::ZERO,
             last_cnp: None,
-            cc_counters: CcCounters::default(),
+            counters: QpCounters::default(),
             tx_offload: false,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_cur: None,
@@ -613,6 +713,18 @@ impl RcQp {
         cq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
+        let sent = self.next_frame(now, mrs, cq, out);
+        self.counters.sent_pkts += sent as u64;
+        sent
+    }
+
+    fn next_frame<B: PacketBuf>(
+        &mut self,
+        now: Instant,
+        mrs: &MrTable,
+        cq: &mut CompletionQueue,
+        out: &mut B,
+    ) -> bool {
         self.now = self.now.max(now);
         if self.cfg.path.is_none() {
             return false;
@@ -736,7 +848,7 @@ impl RcQp {
                 )
             }
             Response::Cnp => {
-                self.cc_counters.np_cnp_sent += 1;
+                self.counters.np_cnp_sent += 1;
                 let b = cnp::bth(self.cfg.dest_qp, bth::DEFAULT_PKEY);
                 matches!(
                     self.emit(out, b, ExtRepr::default(), 0, |_| Ok(())),
@@ -837,8 +949,9 @@ impl RcQp {
         if info.dest_qp != self.qpn {
             return;
         }
+        self.counters.rcvd_pkts += 1;
         if info.opcode == op::CNP {
-            self.cc_counters.rp_cnp_received += 1;
+            self.counters.rp_cnp_received += 1;
             self.cc.on_cnp(self.now, &self.cc_params);
             return;
         }
@@ -860,7 +973,7 @@ impl RcQp {
     /// Notification point: a CE-marked packet from the peer QP arrived; answer with a CNP,
     /// at most one per min_time_between_cnps, never two waiting at once.
     fn on_ce(&mut self) {
-        self.cc_counters.np_ecn_marked_roce_packets += 1;
+        self.counters.np_ecn_marked_roce_packets += 1;
         let gap = core::time::Duration::from_micros(self.cc_params.min_time_between_cnps as u64);
         if self.last_cnp.is_some_and(|t| self.now < t + gap)
             || self.responses.iter().any(|r| matches!(r, Response::Cnp))
@@ -926,6 +1039,7 @@ impl RcQp {
         let off = match check(&st, &req, mrs) {
             Verdict::Execute { mr_offset } => mr_offset,
             Verdict::Duplicate => {
+                self.counters.duplicate_request += 1;
                 if let (true, Some(r)) = (info.op.has(mask::READ), req.reth) {
                     // Re-execute a duplicate READ from the PSN it asks for. A response stream
                     // still queued for the same READ (one whose PSNs reach the asked PSN) is
@@ -971,9 +1085,13 @@ impl RcQp {
                 }
                 return;
             }
-            Verdict::Drop => return,
+            Verdict::Drop => {
+                self.counters.out_of_sequence += 1;
+                return;
+            }
             Verdict::Nak(code) => {
                 if code == NakCode::PsnSequenceError {
+                    self.counters.out_of_sequence += 1;
                     self.nak_sent = true;
                 }
                 self.push_ack(self.cfg.rq_psn, Syndrome::Nak(code));
@@ -983,6 +1101,7 @@ impl RcQp {
                 return;
             }
             Verdict::RnrNak(t) => {
+                self.counters.out_of_buffer += 1;
                 self.push_ack(self.cfg.rq_psn, Syndrome::RnrNak { timer: t });
                 return;
             }
@@ -1026,6 +1145,7 @@ impl RcQp {
                 self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
             }
         } else if o.has(mask::WRITE) {
+            self.counters.rx_write_requests += 1;
             if let Some(r) = req.reth {
                 self.write_cur = Some((r.rkey, r.va));
                 self.write_len = r.dma_len;
@@ -1069,6 +1189,7 @@ impl RcQp {
                 self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
             }
         } else if o.has(mask::READ) {
+            self.counters.rx_read_requests += 1;
             let r = req.reth.expect("checked");
             let mtu = st.mtu.bytes();
             let count = r.dma_len.div_ceil(mtu).max(1);
@@ -1080,6 +1201,7 @@ impl RcQp {
             self.cfg.rq_psn = self.cfg.rq_psn.add(count);
             return;
         } else if o.has(mask::ATOMIC) {
+            self.counters.rx_atomic_requests += 1;
             let a = req.atomic.expect("checked");
             let Ok(m) = mrs.get_mut(a.rkey) else { return };
             let Ok(word) = m.slice_mut(a.va, 8) else {
@@ -1206,6 +1328,7 @@ impl RcQp {
             && psn.diff(front.last_psn()) > 0
         {
             if !self.retrying {
+                self.counters.implied_nak_seq_err += 1;
                 self.retry(self.una, cq);
             }
             return;
@@ -1213,6 +1336,7 @@ impl RcQp {
         let syndrome = info.aeth(frame).map(|a| a.syndrome);
         match syndrome {
             Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                self.counters.packet_seq_err += 1;
                 // Everything before `psn` arrived (implied ACK); go back to `psn`. If that moved
                 // the oldest unacknowledged PSN, it is progress and the retry count starts over.
                 let before = self.una;
@@ -1237,6 +1361,7 @@ impl RcQp {
                 return;
             }
             Some(Syndrome::RnrNak { timer }) => {
+                self.counters.rnr_nak_retry_err += 1;
                 self.ack_upto(psn.sub(1), cq);
                 if self.cfg.rnr_retry != 7 {
                     if self.rnr_left == 0 {
@@ -1295,6 +1420,7 @@ impl RcQp {
                 if info.op.has(mask::LAST) && !self.retrying {
                     // The stream ended with holes: ask again from the oldest now rather than
                     // wait for the ACK timer (rxe retries at once on a READ response gap).
+                    self.counters.implied_nak_seq_err += 1;
                     self.retry(self.una, cq);
                 }
                 return;
@@ -1349,6 +1475,7 @@ impl RcQp {
             if self.sq.is_empty() || !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
                 return;
             }
+            self.counters.local_ack_timeout_err += 1;
             self.retry(self.una, cq);
         }
     }
@@ -1383,6 +1510,11 @@ impl RcQp {
 
     /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it).
     fn fail_front(&mut self, i: usize, status: WcStatus, cq: &mut CompletionQueue) {
+        match status {
+            WcStatus::RetryExcErr => self.counters.req_transport_retries_exceeded += 1,
+            WcStatus::RnrRetryExcErr => self.counters.req_rnr_retries_exceeded += 1,
+            _ => {}
+        }
         self.complete_upto(i, cq);
         self.read_win.clear();
         if let Some(w) = self.sq.pop_front() {

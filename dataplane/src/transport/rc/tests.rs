@@ -469,6 +469,9 @@ fn rnr_retries_run_out() {
         false
     });
     assert_eq!(sends, 3, "the first try and rnr_retry = 2 more");
+    assert_eq!(b.qp.counters.out_of_buffer, 3);
+    assert_eq!(a.qp.counters.rnr_nak_retry_err, 3);
+    assert_eq!(a.qp.counters.req_rnr_retries_exceeded, 1);
     let c = polled(&mut a.scq);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -493,6 +496,13 @@ fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
         false
     });
     assert_eq!(naks, 1, "one NAK per gap");
+    assert_eq!(a.qp.counters.packet_seq_err, 1);
+    // Packets 4.. arrived after the gap: the first was NAKed, the rest dropped.
+    assert_eq!(b.qp.counters.out_of_sequence, 7);
+    assert_eq!(b.qp.counters.rx_write_requests, 10);
+    // Nothing lost but the one packet: every frame one side sent, the other received.
+    assert_eq!(a.qp.counters.sent_pkts, b.qp.counters.rcvd_pkts + 1);
+    assert_eq!(b.qp.counters.sent_pkts, a.qp.counters.rcvd_pkts);
     assert_eq!(
         bytes(&b, BASE, 10 * 1024),
         bytes(&a, BASE + 4096, 10 * 1024)
@@ -528,6 +538,12 @@ fn ack_timeout_retransmits_then_gives_up() {
         from == 1
     });
     assert_eq!(sent, 4, "first try plus retry_cnt");
+    assert_eq!(a.qp.counters.local_ack_timeout_err, 4);
+    assert_eq!(a.qp.counters.req_transport_retries_exceeded, 1);
+    assert_eq!(
+        b.qp.counters.duplicate_request, 6,
+        "the resends of both WRITEs"
+    );
     let c = polled(&mut a.scq);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -1081,10 +1097,10 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
         assert_eq!(c.len(), 16);
         assert!(c.iter().all(|c| c.status == WcStatus::Success));
         assert_eq!(bytes(&b, BASE, 64 << 10), bytes(&a, BASE + 4096, 64 << 10));
-        assert_eq!(b.qp.cc_counters.np_ecn_marked_roce_packets, 1024);
-        let sent = b.qp.cc_counters.np_cnp_sent;
+        assert_eq!(b.qp.counters.np_ecn_marked_roce_packets, 1024);
+        let sent = b.qp.counters.np_cnp_sent;
         assert_eq!(sent as usize, cnps.len());
-        assert_eq!(a.qp.cc_counters.rp_cnp_received, sent);
+        assert_eq!(a.qp.counters.rp_cnp_received, sent);
         // One CNP per 10 us at most.
         assert!(
             sent >= 1 && sent <= end.as_nanos() / 10_000 + 1,
@@ -1156,8 +1172,8 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
     };
     assert_eq!(rate(&a), (50e9, 100e9));
     assert_eq!(a.qp.cc().cnp_counts(), (1, 0));
-    assert_eq!(a.qp.cc_counters.rp_cnp_received, 1);
-    assert_eq!(peer.qp.cc_counters.np_cnp_sent, 1);
+    assert_eq!(a.qp.counters.rp_cnp_received, 1);
+    assert_eq!(peer.qp.counters.np_cnp_sent, 1);
     // Raise this QP's timer period to 1 ms at run time: no increase at 300 us, one at 1 ms.
     a.qp.set_cc_params(DcqcnParams {
         rpg_time_reset: 1000,
