@@ -26,6 +26,11 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+    /// Sets a gauge. Only the owning lcore may call this.
+    #[inline(always)]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
 }
 
 macro_rules! drop_reasons {

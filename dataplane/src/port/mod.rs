@@ -3,6 +3,7 @@
 //! [`PortQueue`] is the one trait; [`crate::dpdk::DpdkQueue`] (real NICs and DPDK vdevs) and
 //! [`mem::MemQueue`] (in-memory links for tests and the simulator) implement it.
 
+pub mod impair;
 pub mod mem;
 
 use crate::buf::PacketBuf;
