@@ -10,7 +10,10 @@
 //! loop's command channel; replies come back on the channel each command carries.
 //!
 //! QP numbers encode their owner: bits 20-23 are the lcore's shard, bits 0-19 the index in
-//! its table, so any lcore can tell whose a QP is from the BTH alone.
+//! its table, so any lcore can tell whose a QP is from the BTH alone. A frame that arrives on
+//! another lcore's queue (ports without RSS, or flows hashed elsewhere) is handed to its owner
+//! through a lock-free single-producer single-consumer ring ([`RdmaHost::sharded`]), counted as
+//! a handoff; memory regions belong to the lcore they were registered on.
 
 use super::cq::{CompletionQueue, WorkCompletion};
 use super::mr::{Access, MrError, MrTable, PdHandle};
@@ -30,6 +33,8 @@ use std::collections::VecDeque;
 pub const QPN_SHARD_SHIFT: u32 = 20;
 /// Packets one QP may send per loop iteration before the others get a turn.
 const QP_BUDGET: usize = 32;
+/// Frames each handoff ring holds.
+pub const HANDOFF_RING: usize = 4096;
 
 /// The shard (owning lcore) of a QP number.
 pub fn shard_of(qpn: u32) -> u32 {
@@ -120,10 +125,10 @@ pub enum RdmaCommand {
         /// Send completions, then receive completions.
         reply: Sender<(Vec<WorkCompletion>, Vec<WorkCompletion>)>,
     },
-    /// This lcore's counters: the sum over its QPs, destroyed ones included.
+    /// This lcore's counters: the sum over its QPs, destroyed ones included, and handoffs.
     Counters {
         /// The totals.
-        reply: Sender<QpCounters>,
+        reply: Sender<HostCounters>,
     },
     /// Destroys a QP (its outstanding work is dropped with it).
     DestroyQp {
@@ -132,6 +137,17 @@ pub enum RdmaCommand {
         /// Done, or no such QP.
         reply: Sender<bool>,
     },
+}
+
+/// What an lcore's host reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    /// Its QPs' counters summed (destroyed QPs included).
+    pub qp: QpCounters,
+    /// Frames it handed to the lcore owning their QP.
+    pub handoffs: u64,
+    /// Frames dropped because a handoff ring was full.
+    pub handoff_drops: u64,
 }
 
 struct Slot {
@@ -156,6 +172,12 @@ pub struct RdmaHost<B> {
     line_bps: f64,
     /// Counters of QPs already destroyed.
     retired: QpCounters,
+    /// Rings to the other shards (index = shard; None for this one).
+    to: Vec<Option<rtrb::Producer<B>>>,
+    /// Rings from the other shards.
+    from: Vec<rtrb::Consumer<B>>,
+    handoffs: u64,
+    handoff_drops: u64,
 }
 
 impl<B> core::fmt::Debug for RdmaHost<B> {
@@ -184,7 +206,32 @@ impl<B: PacketBuf> RdmaHost<B> {
             spare: None,
             line_bps,
             retired: QpCounters::default(),
+            to: Vec::new(),
+            from: Vec::new(),
+            handoffs: 0,
+            handoff_drops: 0,
         }
+    }
+
+    /// `n` hosts (shards 0..n, one per lcore) sending on `port`, joined by handoff rings in
+    /// both directions between every pair.
+    pub fn sharded(n: usize, port: usize, line_bps: f64) -> Vec<Self> {
+        let mut hosts: Vec<Self> = (0..n)
+            .map(|i| Self::new(i as u32, port, line_bps))
+            .collect();
+        for h in hosts.iter_mut() {
+            h.to = (0..n).map(|_| None).collect();
+        }
+        for src in 0..n {
+            for dst in 0..n {
+                if src != dst {
+                    let (p, c) = rtrb::RingBuffer::new(HANDOFF_RING);
+                    hosts[src].to[dst] = Some(p);
+                    hosts[dst].from.push(c);
+                }
+            }
+        }
+        hosts
     }
 
     fn qpn(&self, index: u32) -> u32 {
@@ -206,6 +253,24 @@ impl<B: PacketBuf> RdmaHost<B> {
             s.ready = true;
             self.ready.push_back(i as u32);
         }
+    }
+
+    /// Gives a received frame to the QP it names on this shard.
+    fn deliver<Q: PortQueue<Buf = B>>(
+        &mut self,
+        now: crate::time::Instant,
+        qp: u32,
+        buf: B,
+        io: &mut Io<'_, Q>,
+    ) {
+        let Some(i) = self.index(qp) else {
+            io.drop_frame(DropReason::NotForUs, buf);
+            return;
+        };
+        let s = self.slots[i].as_mut().expect("index checked");
+        // The QP checks the frame whole (checksums, ICRC) and answers or completes.
+        s.qp.handle_frame(now, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
+        self.mark_ready(i);
     }
 
     /// Sends what the ready QPs have, then re-arms their timers.
@@ -380,7 +445,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                 for s in self.slots.iter().flatten() {
                     c.add(&s.qp.counters);
                 }
-                let _ = reply.send(c);
+                let _ = reply.send(HostCounters {
+                    qp: c,
+                    handoffs: self.handoffs,
+                    handoff_drops: self.handoff_drops,
+                });
             }
             RdmaCommand::DestroyQp { qpn, reply } => {
                 let ok = match self.index(qpn) {
@@ -413,19 +482,33 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
                     continue;
                 }
             };
-            let Some(i) = self.index(qp) else {
-                io.drop_frame(DropReason::NotForUs, buf);
+            let owner = shard_of(qp) as usize;
+            if owner != self.shard as usize {
+                match self.to.get_mut(owner).and_then(|p| p.as_mut()) {
+                    Some(p) => match p.push(buf) {
+                        Ok(()) => self.handoffs += 1,
+                        Err(rtrb::PushError::Full(buf)) => {
+                            self.handoff_drops += 1;
+                            io.drop_frame(DropReason::TxFull, buf);
+                        }
+                    },
+                    None => io.drop_frame(DropReason::NotForUs, buf),
+                }
                 continue;
-            };
-            let s = self.slots[i].as_mut().expect("index checked");
-            // The QP checks the frame whole (checksums, ICRC) and answers or completes.
-            s.qp.handle_frame(now, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
-            self.mark_ready(i);
+            }
+            self.deliver(now, qp, buf, io);
         }
     }
 
     fn on_poll(&mut self, io: &mut Io<'_, Q>) {
         let now = io.now;
+        for r in 0..self.from.len() {
+            for _ in 0..crate::BURST_SIZE {
+                let Ok(buf) = self.from[r].pop() else { break };
+                let qp = parse(buf.data(), Checks::NONE).map_or(0, |i| i.dest_qp);
+                self.deliver(now, qp, buf, io);
+            }
+        }
         while let Some(i) = self.timers.pop_expired(now) {
             if let Some(s) = self.slots[i as usize].as_mut() {
                 s.qp.handle_timeout(now, &mut s.scq);
@@ -447,6 +530,9 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
     fn shutdown(&mut self) {
         self.spare = None;
         self.slots.clear();
+        for r in self.from.iter_mut() {
+            while r.pop().is_ok() {}
+        }
     }
 }
 
@@ -676,8 +762,8 @@ mod tests {
         }
         // The lcores' counters, destroyed QPs included: 1 MiB WRITE at three MTUs, three READs
         // and three fetch-and-adds, and every frame one side sent the other received.
-        let ca = ask(a, |reply| RdmaCommand::Counters { reply }).unwrap();
-        let cb = ask(b, |reply| RdmaCommand::Counters { reply }).unwrap();
+        let ca = ask(a, |reply| RdmaCommand::Counters { reply }).unwrap().qp;
+        let cb = ask(b, |reply| RdmaCommand::Counters { reply }).unwrap().qp;
         assert_eq!(cb.rx_write_requests, 1024 + 256 + 4096);
         assert_eq!((cb.rx_atomic_requests, ca.rx_read_requests), (3, 3));
         assert_eq!((ca.sent_pkts, cb.sent_pkts), (cb.rcvd_pkts, ca.rcvd_pkts));
@@ -758,8 +844,8 @@ mod tests {
         for mtu in [Mtu::M1024, Mtu::M4096] {
             pair_check(a, b, mtu).unwrap();
         }
-        let ca = ask(a, |reply| RdmaCommand::Counters { reply }).unwrap();
-        let cb = ask(b, |reply| RdmaCommand::Counters { reply }).unwrap();
+        let ca = ask(a, |reply| RdmaCommand::Counters { reply }).unwrap().qp;
+        let cb = ask(b, |reply| RdmaCommand::Counters { reply }).unwrap().qp;
         let st = &handles[0].stats.tx;
         assert!(st.lost.get() > 0 && st.duplicated.get() > 0 && st.reordered.get() > 0);
         // The losses were repaired by retransmission, and duplicates were recognised.
@@ -769,6 +855,45 @@ mod tests {
         );
         assert!(cb.duplicate_request + cb.out_of_sequence > 0, "{cb:?}");
         for c in &ctls {
+            c.send(Command::Stop).unwrap();
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn frames_on_another_lcores_queue_are_handed_to_the_owner() {
+        // Two nodes of two lcores, queue i of one joined to queue i of the other (a port with
+        // two queues and no RSS). A's QP lives on its lcore 0, B's on its lcore 1: A's frames
+        // arrive on B's lcore 0 and B's answers on A's lcore 1, and both must be handed over.
+        let (a0, b0) = link(info(1), info(2), 8192);
+        let (a1, b1) = link(info(1), info(2), 8192);
+        let mut ctls: Vec<Vec<HostControl>> = vec![Vec::new(), Vec::new()];
+        let mut threads = Vec::new();
+        for (node, queues) in [(0, [a0, a1]), (1, [b0, b1])] {
+            let hosts = RdmaHost::sharded(2, 0, 100e9);
+            for (i, (q, h)) in queues.into_iter().zip(hosts).enumerate() {
+                let (tx, rx) = unbounded();
+                let w = Worker::new(
+                    LcoreId(i as u16),
+                    vec![q],
+                    h,
+                    StdClock::new(),
+                    Arc::new(LcoreCounters::default()),
+                    rx,
+                );
+                threads.push(std::thread::spawn(move || w.run()));
+                ctls[node].push(tx);
+            }
+        }
+        pair_check(&ctls[0][0], &ctls[1][1], Mtu::M1024).unwrap();
+        let handed = |c: &HostControl| ask(c, |reply| RdmaCommand::Counters { reply }).unwrap();
+        let (b_lcore0, a_lcore1) = (handed(&ctls[1][0]), handed(&ctls[0][1]));
+        assert!(b_lcore0.handoffs >= 1024, "{b_lcore0:?}");
+        assert!(a_lcore1.handoffs > 0, "{a_lcore1:?}");
+        assert_eq!(b_lcore0.handoff_drops + a_lcore1.handoff_drops, 0);
+        for c in ctls.iter().flatten() {
             c.send(Command::Stop).unwrap();
         }
         for t in threads {
