@@ -130,6 +130,21 @@ pub enum RdmaCommand {
         /// The totals.
         reply: Sender<HostCounters>,
     },
+    /// Posts `count` copies of `wr` (wr_id counting down from its own + count), keeping
+    /// `depth` outstanding, on the lcore itself; replies when all have completed. The QP's
+    /// send completions go to the stream meanwhile.
+    Stream {
+        /// The QP.
+        qpn: u32,
+        /// The request to repeat.
+        wr: Box<SendWr>,
+        /// How many.
+        count: u64,
+        /// Outstanding at most.
+        depth: usize,
+        /// The result, when done.
+        reply: Sender<StreamResult>,
+    },
     /// Destroys a QP (its outstanding work is dropped with it).
     DestroyQp {
         /// The QP.
@@ -155,6 +170,31 @@ struct Slot {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     ready: bool,
+    stream: Option<Stream>,
+}
+
+/// A stream of identical work requests the lcore keeps posted itself (the perf engine's core:
+/// no control round trip per message).
+struct Stream {
+    wr: SendWr,
+    depth: usize,
+    to_post: u64,
+    outstanding: usize,
+    done: u64,
+    errors: u64,
+    started: crate::time::Instant,
+    reply: Sender<StreamResult>,
+}
+
+/// What a stream did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamResult {
+    /// Work requests completed successfully.
+    pub completed: u64,
+    /// Work requests completed in error or never posted.
+    pub errors: u64,
+    /// From the first post to the last completion, nanoseconds of lcore time.
+    pub elapsed_ns: u64,
 }
 
 /// This lcore's RDMA state.
@@ -178,6 +218,8 @@ pub struct RdmaHost<B> {
     from: Vec<rtrb::Consumer<B>>,
     handoffs: u64,
     handoff_drops: u64,
+    /// Scratch for polling completions (allocated once).
+    wcs: Vec<WorkCompletion>,
 }
 
 impl<B> core::fmt::Debug for RdmaHost<B> {
@@ -210,6 +252,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             from: Vec::new(),
             handoffs: 0,
             handoff_drops: 0,
+            wcs: Vec::with_capacity(64),
         }
     }
 
@@ -255,6 +298,54 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
+    /// Takes a stream's completions and tops its send queue up; replies when it is done.
+    fn feed(&mut self, i: usize, now: crate::time::Instant) {
+        let wcs = &mut self.wcs;
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        let Some(st) = slot.stream.as_mut() else {
+            return;
+        };
+        loop {
+            wcs.clear();
+            if slot.scq.poll(64, wcs) == 0 {
+                break;
+            }
+            for c in wcs.iter() {
+                st.outstanding = st.outstanding.saturating_sub(1);
+                if c.status == super::cq::WcStatus::Success {
+                    st.done += 1;
+                } else {
+                    st.errors += 1;
+                }
+            }
+        }
+        let mut posted = false;
+        while st.to_post > 0 && st.outstanding < st.depth {
+            let mut wr = st.wr.clone();
+            wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
+            if slot.qp.post_send(wr).is_err() {
+                break;
+            }
+            st.to_post -= 1;
+            st.outstanding += 1;
+            posted = true;
+        }
+        let failed = slot.qp.cfg.state == super::qp::QpState::Err;
+        if st.to_post == 0 && st.outstanding == 0 || failed {
+            let st = slot.stream.take().expect("stream present");
+            let _ = st.reply.send(StreamResult {
+                completed: st.done,
+                errors: st.errors + st.to_post + st.outstanding as u64,
+                elapsed_ns: now.0.saturating_sub(st.started.0),
+            });
+        }
+        if posted {
+            self.mark_ready(i);
+        }
+    }
+
     /// Gives a received frame to the QP it names on this shard.
     fn deliver<Q: PortQueue<Buf = B>>(
         &mut self,
@@ -270,7 +361,11 @@ impl<B: PacketBuf> RdmaHost<B> {
         let s = self.slots[i].as_mut().expect("index checked");
         // The QP checks the frame whole (checksums, ICRC) and answers or completes.
         s.qp.handle_frame(now, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
+        let streaming = s.stream.is_some();
         self.mark_ready(i);
+        if streaming {
+            self.feed(i, now);
+        }
     }
 
     /// Sends what the ready QPs have, then re-arms their timers.
@@ -314,7 +409,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
-    fn command(&mut self, cmd: RdmaCommand) {
+    fn command(&mut self, cmd: RdmaCommand, now: crate::time::Instant) {
         match cmd {
             RdmaCommand::RegMr {
                 va,
@@ -383,6 +478,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
                         rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
                         ready: false,
+                        stream: None,
                     });
                     qpn
                 });
@@ -439,6 +535,34 @@ impl<B: PacketBuf> RdmaHost<B> {
                     slot.rcq.poll(max, &mut r);
                 }
                 let _ = reply.send((s, r));
+            }
+            RdmaCommand::Stream {
+                qpn,
+                wr,
+                count,
+                depth,
+                reply,
+            } => {
+                let Some(i) = self.index(qpn) else {
+                    let _ = reply.send(StreamResult {
+                        completed: 0,
+                        errors: count,
+                        elapsed_ns: 0,
+                    });
+                    return;
+                };
+                let slot = self.slots[i].as_mut().expect("index checked");
+                slot.stream = Some(Stream {
+                    wr: *wr,
+                    depth: depth.max(1),
+                    to_post: count,
+                    outstanding: 0,
+                    done: 0,
+                    errors: 0,
+                    started: now,
+                    reply,
+                });
+                self.feed(i, now);
             }
             RdmaCommand::Counters { reply } => {
                 let mut c = self.retired;
@@ -512,7 +636,11 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         while let Some(i) = self.timers.pop_expired(now) {
             if let Some(s) = self.slots[i as usize].as_mut() {
                 s.qp.handle_timeout(now, &mut s.scq);
+                let streaming = s.stream.is_some();
                 self.mark_ready(i as usize);
+                if streaming {
+                    self.feed(i as usize, now);
+                }
             }
         }
         if !self.ready.is_empty() {
@@ -521,7 +649,7 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
     }
 
     fn on_command(&mut self, cmd: RdmaCommand, io: &mut Io<'_, Q>) {
-        self.command(cmd);
+        self.command(cmd, io.now);
         if !self.ready.is_empty() {
             self.transmit(io);
         }
@@ -561,16 +689,32 @@ fn wait_for(ctl: &HostControl, qpn: u32, send: bool) -> Result<WorkCompletion, S
     }
 }
 
-/// Checks two hosts whose ports are joined (A's `me` address 1, B's 2, as [`Path::sim`]
-/// gives): registers a 4 MiB region on each, connects an RC QP pair at `mtu`, and moves a
-/// 1 MiB WRITE, a 256 KiB READ, a SEND with immediate and a fetch-and-add, checking every
-/// byte; then destroys the QPs. Err names the first thing that went wrong.
-pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Result<(), String> {
-    use super::cq::{WcOpcode, WcStatus};
+/// The virtual address [`connect_pair`] registers its regions at.
+pub const PAIR_VA: u64 = 0x1000_0000;
+
+/// What [`connect_pair`] set up.
+#[derive(Clone, Copy, Debug)]
+pub struct Pair {
+    /// A's region key.
+    pub ka: u32,
+    /// B's region key.
+    pub kb: u32,
+    /// A's QP.
+    pub qpa: u32,
+    /// B's QP.
+    pub qpb: u32,
+}
+
+/// Registers a 4 MiB region at [`PAIR_VA`] on each host and connects an RC QP pair at `mtu`
+/// with congestion control `cc` (A's address 1, B's 2, as [`Path::sim`] gives).
+pub fn connect_pair(
+    a: &HostControl,
+    b: &HostControl,
+    mtu: super::qp::Mtu,
+    cc: CcKind,
+) -> Result<Pair, String> {
     use super::qp::Path;
-    use super::wr::{SendOp, Sge};
-    use arrayvec::ArrayVec;
-    const VA: u64 = 0x1000_0000;
+    const VA: u64 = PAIR_VA;
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let reg = |c: &HostControl| {
@@ -583,18 +727,10 @@ pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Resu
         .map_err(|e| e.to_string())
     };
     let (ka, kb) = (reg(a)?, reg(b)?);
-    let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
-    ask(a, |reply| RdmaCommand::WriteMr {
-        key: ka,
-        va: VA,
-        data: pattern.clone(),
-        reply,
-    })?
-    .map_err(|e| e.to_string())?;
     let create = |c: &HostControl| {
         ask(c, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
-            cc: CcKind::Dcqcn,
+            cc,
             params: DcqcnParams::nvidia(),
             reply,
         })?
@@ -609,6 +745,27 @@ pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Resu
             reply,
         })??;
     }
+    Ok(Pair { ka, kb, qpa, qpb })
+}
+
+/// Checks two hosts whose ports are joined (A's `me` address 1, B's 2, as [`Path::sim`]
+/// gives): registers a 4 MiB region on each, connects an RC QP pair at `mtu`, and moves a
+/// 1 MiB WRITE, a 256 KiB READ, a SEND with immediate and a fetch-and-add, checking every
+/// byte; then destroys the QPs. Err names the first thing that went wrong.
+pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Result<(), String> {
+    use super::cq::{WcOpcode, WcStatus};
+    use super::wr::{SendOp, Sge};
+    use arrayvec::ArrayVec;
+    const VA: u64 = PAIR_VA;
+    let Pair { ka, kb, qpa, qpb } = connect_pair(a, b, mtu, CcKind::Dcqcn)?;
+    let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    ask(a, |reply| RdmaCommand::WriteMr {
+        key: ka,
+        va: VA,
+        data: pattern.clone(),
+        reply,
+    })?
+    .map_err(|e| e.to_string())?;
     let sg = |key: u32, va: u64, len: u32| {
         let mut v: ArrayVec<Sge, 8> = ArrayVec::new();
         v.push(Sge {
@@ -772,6 +929,35 @@ mod tests {
             0,
             "a clean link"
         );
+        // A stream the lcore keeps posted itself: 2000 WRITEs of 4 KiB, 16 outstanding.
+        let pair = connect_pair(a, b, Mtu::M4096, CcKind::Dcqcn).unwrap();
+        let mut sgl = ArrayVec::new();
+        sgl.push(crate::transport::wr::Sge {
+            addr: PAIR_VA,
+            length: 4096,
+            lkey: pair.ka,
+        });
+        let wr = SendWr {
+            wr_id: 0,
+            op: SendOp::Write {
+                remote_addr: PAIR_VA,
+                rkey: pair.kb,
+            },
+            sg: sgl,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        };
+        let r = ask(a, |reply| RdmaCommand::Stream {
+            qpn: pair.qpa,
+            wr: Box::new(wr),
+            count: 2000,
+            depth: 16,
+            reply,
+        })
+        .unwrap();
+        assert_eq!((r.completed, r.errors), (2000, 0));
+        assert!(r.elapsed_ns > 0);
         // QPNs carry their owner.
         let q = ask(b, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
