@@ -385,17 +385,12 @@ fn swap_macs(d: &mut [u8]) {
 mod tests {
     use super::*;
     use crate::port::mem::link;
-    use crate::port::{MacAddr, PortCaps, PortId};
+
     use crossbeam_channel::unbounded;
     use std::time::Duration;
 
     fn info(i: u16) -> PortInfo {
-        PortInfo {
-            id: PortId(i),
-            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
-            mtu: 1500,
-            caps: PortCaps::default(),
-        }
+        PortInfo::virtual_port(i, 1500)
     }
 
     #[test]

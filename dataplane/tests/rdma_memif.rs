@@ -5,13 +5,12 @@
 //! hugepages (scripts/setup.sh), as `make test` has.
 
 use dataplane::counters::LcoreCounters;
-use dataplane::dpdk::{DpdkPort, Eal, EalArgs, Mempool, PortSetup, TscSource};
+use dataplane::dpdk::{MemifCable, TscSource};
 use dataplane::lcore::{Command, LcoreId, Worker};
-use dataplane::port::{PortId, QueueId};
+use dataplane::port::QueueId;
 use dataplane::transport::host::{RdmaHost, pair_check};
 use dataplane::transport::qp::Mtu;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 #[test]
 fn rdma_between_two_memif_ports_through_mbufs() {
@@ -21,62 +20,19 @@ fn rdma_between_two_memif_ports_through_mbufs() {
         euid, 0,
         "DPDK needs root and hugepages: run it as root after scripts/setup.sh (make test)"
     );
-    let dir = std::env::temp_dir().join(format!("ferroce-rdma-memif-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("m.sock");
-    let sock = sock.to_str().unwrap();
-    let eal = Eal::init(&EalArgs {
-        vdevs: vec![
-            format!("net_memif0,role=server,socket={sock}"),
-            format!("net_memif1,role=client,socket={sock}"),
-        ],
-        pci: vec![],
-        file_prefix: Some(format!("ferroce-rdma-{}", std::process::id())),
-        in_memory: false,
-        hugepages: true,
-        memory_mb: 0,
-        worker_cpus: vec![],
-        main_cpus: vec![],
-        log_level: "warning".into(),
-    })
-    .expect("EAL");
-    // 9 KiB of data room: frames of path MTU 4096 fit in one mbuf.
-    let pool = Arc::new(Mempool::new("rdma_t", 16383, 256, 9216, -1).expect("mempool"));
-    let ports: Vec<DpdkPort> = ["net_memif0", "net_memif1"]
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            DpdkPort::start(
-                &PortSetup {
-                    device: d.to_string(),
-                    index: PortId(i as u16),
-                    queues: 1,
-                    mtu: 9000,
-                    rx_desc: 1024,
-                    tx_desc: 1024,
-                },
-                pool.clone(),
-            )
-            .expect("port")
-        })
-        .collect();
-    let t = Instant::now();
-    while !ports.iter().all(|p| p.link().up) {
-        assert!(t.elapsed() < Duration::from_secs(10), "memif link up");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let clock = TscSource::new(&eal);
+    let cable = MemifCable::new("ferroce-rdma-t", 16383, "warning").expect("EAL and memif");
+    assert!(cable.up(), "memif links up");
+    let clock = TscSource::new(cable.eal());
     let mut ctls = Vec::new();
     let mut threads = Vec::new();
-    for (i, p) in ports.iter().enumerate() {
+    for (i, p) in cable.ports.iter().enumerate() {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let counters = Arc::new(LcoreCounters::default());
         let w = Worker::new(
             LcoreId(i as u16),
             vec![p.queue(QueueId(0))],
             RdmaHost::new(i as u32, 0, 100e9),
             clock,
-            counters,
+            Arc::new(LcoreCounters::default()),
             rx,
         );
         threads.push(std::thread::spawn(move || w.run()));
@@ -91,11 +47,7 @@ fn rdma_between_two_memif_ports_through_mbufs() {
     for t in threads {
         drop(t.join().unwrap());
     }
-    drop(ports);
-    let leaked = pool.in_use();
-    drop(pool);
-    drop(eal);
-    std::fs::remove_dir_all(&dir).ok();
+    let leaked = cable.finish();
     result.unwrap();
     assert_eq!(leaked, 0, "every mbuf back in the pool");
 }

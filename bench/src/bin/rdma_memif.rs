@@ -9,14 +9,14 @@
 use clap::Parser;
 use dataplane::cc::CcKind;
 use dataplane::counters::LcoreCounters;
-use dataplane::dpdk::{DpdkPort, Eal, EalArgs, Mempool, PortSetup, TscSource};
+use dataplane::dpdk::{MemifCable, TscSource};
 use dataplane::lcore::{Command, LcoreId, Worker};
-use dataplane::port::{PortId, QueueId};
+use dataplane::port::QueueId;
 use dataplane::transport::host::{PAIR_VA, RdmaCommand, RdmaHost, connect_pair};
 use dataplane::transport::qp::Mtu;
 use dataplane::transport::wr::{SendOp, SendWr, Sge};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(about = "RDMA WRITE rate and bandwidth between two lcores over memif, in one process")]
@@ -42,50 +42,13 @@ fn main() {
         eprintln!("rdma_memif: --cc must be dcqcn or none");
         std::process::exit(2);
     };
-    let dir = std::env::temp_dir().join(format!("ferroce-bench-rdma-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let sock = dir.join("m.sock");
-    let sock = sock.to_str().expect("utf-8 path");
-    let eal = Eal::init(&EalArgs {
-        vdevs: vec![
-            format!("net_memif0,role=server,socket={sock}"),
-            format!("net_memif1,role=client,socket={sock}"),
-        ],
-        pci: vec![],
-        file_prefix: Some(format!("ferroce-bench-rdma-{}", std::process::id())),
-        in_memory: false,
-        hugepages: true,
-        memory_mb: 0,
-        worker_cpus: vec![],
-        main_cpus: vec![],
-        log_level: "error".into(),
-    })
-    .expect("EAL (root and hugepages: scripts/setup.sh)");
-    let pool = Arc::new(Mempool::new("rdma_b", 32767, 256, 9216, -1).expect("mempool"));
-    let ports: Vec<DpdkPort> = ["net_memif0", "net_memif1"]
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let setup = PortSetup {
-                device: d.to_string(),
-                index: PortId(i as u16),
-                queues: 1,
-                mtu: 9000,
-                rx_desc: 1024,
-                tx_desc: 1024,
-            };
-            DpdkPort::start(&setup, pool.clone()).expect("port")
-        })
-        .collect();
-    let t = Instant::now();
-    while !ports.iter().all(|p| p.link().up) {
-        assert!(t.elapsed() < Duration::from_secs(10), "memif link up");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let clock = TscSource::new(&eal);
+    let cable = MemifCable::new("ferroce-bench-rdma", 32767, "error")
+        .expect("EAL and memif (root and hugepages: scripts/setup.sh)");
+    assert!(cable.up(), "memif links up");
+    let clock = TscSource::new(cable.eal());
     let mut ctls = Vec::new();
     let mut threads = Vec::new();
-    for (i, p) in ports.iter().enumerate() {
+    for (i, p) in cable.ports.iter().enumerate() {
         let (tx, rx) = crossbeam_channel::unbounded();
         let w = Worker::new(
             LcoreId(i as u16),
@@ -162,8 +125,5 @@ fn main() {
     for t in threads {
         drop(t.join());
     }
-    drop(ports);
-    drop(pool);
-    drop(eal);
-    std::fs::remove_dir_all(&dir).ok();
+    drop(cable);
 }

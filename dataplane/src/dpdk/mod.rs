@@ -4,10 +4,12 @@
 //! plane sees [`Mbuf`] (a [`crate::PacketBuf`] that frees itself on drop) and [`DpdkQueue`] (a
 //! [`crate::PortQueue`]).
 
+mod cable;
 mod eal;
 mod ethdev;
 mod mbuf;
 
+pub use cable::MemifCable;
 pub use eal::{Eal, EalArgs, TscSource, launch, num_cpus, wait_all};
 pub use ethdev::{DpdkPort, DpdkQueue, LinkStatus, PortSetup, PortStats};
 pub use mbuf::{Mbuf, Mempool};

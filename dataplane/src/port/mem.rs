@@ -103,15 +103,9 @@ impl PortQueue for MemQueue {
 mod tests {
     use super::*;
     use crate::buf::PacketBuf;
-    use crate::port::{MacAddr, PortCaps, PortId};
 
     fn info(i: u16) -> PortInfo {
-        PortInfo {
-            id: PortId(i),
-            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
-            mtu: 1500,
-            caps: PortCaps::default(),
-        }
+        PortInfo::virtual_port(i, 1500)
     }
 
     #[test]

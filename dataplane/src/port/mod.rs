@@ -59,6 +59,19 @@ pub struct PortInfo {
     pub caps: PortCaps,
 }
 
+impl PortInfo {
+    /// A virtual port: index `i`, MAC 02:00:00:00:00:`i`, the given MTU, no offloads (the
+    /// in-memory backend and tests).
+    pub fn virtual_port(i: u16, mtu: u16) -> PortInfo {
+        PortInfo {
+            id: PortId(i),
+            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
+            mtu,
+            caps: PortCaps::default(),
+        }
+    }
+}
+
 /// One rx/tx queue pair of a port, owned by one lcore.
 pub trait PortQueue: Send {
     /// The frame buffer type of this backend.

@@ -878,8 +878,8 @@ mod tests {
     use super::*;
     use crate::counters::LcoreCounters;
     use crate::lcore::{Command, LcoreId, StdClock, Worker};
+    use crate::port::PortInfo;
     use crate::port::mem::link;
-    use crate::port::{MacAddr, PortCaps, PortId, PortInfo};
     use crate::transport::qp::Mtu;
     use crate::transport::wr::SendOp;
     use arrayvec::ArrayVec;
@@ -887,12 +887,25 @@ mod tests {
     use std::sync::Arc;
 
     fn info(i: u16) -> PortInfo {
-        PortInfo {
-            id: PortId(i),
-            mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
-            mtu: 9000,
-            caps: PortCaps::default(),
-        }
+        PortInfo::virtual_port(i, 9000)
+    }
+
+    /// Runs `host` on queue `q` in a thread, as an lcore would.
+    fn spawn<Q: PortQueue + 'static>(
+        i: usize,
+        q: Q,
+        host: RdmaHost<Q::Buf>,
+    ) -> (HostControl, std::thread::JoinHandle<Vec<Q>>) {
+        let (tx, rx) = unbounded();
+        let w = Worker::new(
+            LcoreId(i as u16),
+            vec![q],
+            host,
+            StdClock::new(),
+            Arc::new(LcoreCounters::default()),
+            rx,
+        );
+        (tx, std::thread::spawn(move || w.run()))
     }
 
     #[test]
@@ -901,16 +914,8 @@ mod tests {
         let mut ctls = Vec::new();
         let mut threads = Vec::new();
         for (i, q) in [qa, qb].into_iter().enumerate() {
-            let (tx, rx) = unbounded();
-            let w = Worker::new(
-                LcoreId(i as u16),
-                vec![q],
-                RdmaHost::new(i as u32, 0, 100e9),
-                StdClock::new(),
-                Arc::new(LcoreCounters::default()),
-                rx,
-            );
-            threads.push(std::thread::spawn(move || w.run()));
+            let (tx, t) = spawn(i, q, RdmaHost::new(i as u32, 0, 100e9));
+            threads.push(t);
             ctls.push(tx);
         }
         let (a, b) = (&ctls[0], &ctls[1]);
@@ -1013,16 +1018,8 @@ mod tests {
                 },
             )
             .unwrap();
-            let (tx, rx) = unbounded();
-            let w = Worker::new(
-                LcoreId(i as u16),
-                vec![q],
-                RdmaHost::new(i as u32, 0, 100e9),
-                StdClock::new(),
-                Arc::new(LcoreCounters::default()),
-                rx,
-            );
-            threads.push(std::thread::spawn(move || w.run()));
+            let (tx, t) = spawn(i, q, RdmaHost::new(i as u32, 0, 100e9));
+            threads.push(t);
             ctls.push(tx);
             handles.push(h);
         }
@@ -1060,16 +1057,8 @@ mod tests {
         for (node, queues) in [(0, [a0, a1]), (1, [b0, b1])] {
             let hosts = RdmaHost::sharded(2, 0, 100e9);
             for (i, (q, h)) in queues.into_iter().zip(hosts).enumerate() {
-                let (tx, rx) = unbounded();
-                let w = Worker::new(
-                    LcoreId(i as u16),
-                    vec![q],
-                    h,
-                    StdClock::new(),
-                    Arc::new(LcoreCounters::default()),
-                    rx,
-                );
-                threads.push(std::thread::spawn(move || w.run()));
+                let (tx, t) = spawn(i, q, h);
+                threads.push(t);
                 ctls[node].push(tx);
             }
         }

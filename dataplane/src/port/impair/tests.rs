@@ -1,15 +1,9 @@
 use super::*;
 use crate::lcore::ManualClock;
 use crate::port::mem::{MemQueue, link};
-use crate::port::{MacAddr, PortCaps, PortId};
 
 fn info(i: u16) -> PortInfo {
-    PortInfo {
-        id: PortId(i),
-        mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
-        mtu: 9000,
-        caps: PortCaps::default(),
-    }
+    PortInfo::virtual_port(i, 9000)
 }
 
 /// An ECN-capable IPv4/UDP frame of `len` bytes whose byte 50 holds `tag`.
