@@ -350,17 +350,16 @@ impl<B: PacketBuf> RdmaHost<B> {
     fn deliver<Q: PortQueue<Buf = B>>(
         &mut self,
         now: crate::time::Instant,
-        qp: u32,
+        info: &crate::wire::packet::PacketInfo,
         buf: B,
         io: &mut Io<'_, Q>,
     ) {
-        let Some(i) = self.index(qp) else {
+        let Some(i) = self.index(info.dest_qp) else {
             io.drop_frame(DropReason::NotForUs, buf);
             return;
         };
         let s = self.slots[i].as_mut().expect("index checked");
-        // The QP checks the frame whole (checksums, ICRC) and answers or completes.
-        s.qp.handle_frame(now, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
+        s.qp.handle_parsed(now, info, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
         let streaming = s.stream.is_some();
         self.mark_ready(i);
         if streaming {
@@ -599,14 +598,15 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
     fn on_burst(&mut self, _port: usize, burst: &mut Burst<Q::Buf>, io: &mut Io<'_, Q>) {
         let now = io.now;
         for buf in burst.drain(..) {
-            let qp = match parse(buf.data(), Checks::NONE) {
-                Ok(info) => info.dest_qp,
+            // Parsed once, with every check (checksums, ICRC), here; the QP takes the result.
+            let info = match parse(buf.data(), Checks::ALL) {
+                Ok(info) => info,
                 Err(_) => {
-                    io.drop_frame(DropReason::NotForUs, buf);
+                    io.drop_frame(DropReason::Malformed, buf);
                     continue;
                 }
             };
-            let owner = shard_of(qp) as usize;
+            let owner = shard_of(info.dest_qp) as usize;
             if owner != self.shard as usize {
                 match self.to.get_mut(owner).and_then(|p| p.as_mut()) {
                     Some(p) => match p.push(buf) {
@@ -620,7 +620,7 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
                 }
                 continue;
             }
-            self.deliver(now, qp, buf, io);
+            self.deliver(now, &info, buf, io);
         }
     }
 
@@ -629,8 +629,10 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         for r in 0..self.from.len() {
             for _ in 0..crate::BURST_SIZE {
                 let Ok(buf) = self.from[r].pop() else { break };
-                let qp = parse(buf.data(), Checks::NONE).map_or(0, |i| i.dest_qp);
-                self.deliver(now, qp, buf, io);
+                match parse(buf.data(), Checks::ALL) {
+                    Ok(info) => self.deliver(now, &info, buf, io),
+                    Err(_) => io.drop_frame(DropReason::Malformed, buf),
+                }
             }
         }
         while let Some(i) = self.timers.pop_expired(now) {

@@ -942,10 +942,25 @@ impl RcQp {
         send_cq: &mut CompletionQueue,
         recv_cq: &mut CompletionQueue,
     ) {
-        self.now = self.now.max(now);
         let Ok(info) = parse(frame, Checks::ALL) else {
             return;
         };
+        self.handle_parsed(now, &info, frame, mrs, send_cq, recv_cq);
+    }
+
+    /// [`RcQp::handle_frame`] for a frame the caller has already parsed with
+    /// [`Checks::ALL`] (checksums and ICRC verified), so the receive path parses it once.
+    pub fn handle_parsed(
+        &mut self,
+        now: Instant,
+        info: &PacketInfo,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        send_cq: &mut CompletionQueue,
+        recv_cq: &mut CompletionQueue,
+    ) {
+        self.now = self.now.max(now);
+        let info = *info;
         if info.dest_qp != self.qpn {
             return;
         }
