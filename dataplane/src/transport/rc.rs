@@ -692,6 +692,11 @@ impl RcQp {
         Some(Ok(()))
     }
 
+    /// Builds a frame with no payload (ACK, atomic ACK, CNP); false if it could not be built.
+    fn emit_headers<B: PacketBuf>(&self, out: &mut B, bth: bth::Repr, ext: ExtRepr) -> bool {
+        matches!(self.emit(out, bth, ext, 0, |_| Ok(())), Some(Ok(())))
+    }
+
     fn bth(&self, opcode: u8, psn: Psn, ack_req: bool, se: bool) -> bth::Repr {
         bth::Repr {
             opcode,
@@ -836,24 +841,12 @@ impl RcQp {
                     aeth: Some(aeth::Repr { syndrome, msn }),
                     ..Default::default()
                 };
-                matches!(
-                    self.emit(
-                        out,
-                        self.bth(op::RC_ACK, psn, false, false),
-                        ext,
-                        0,
-                        |_| Ok(())
-                    ),
-                    Some(Ok(()))
-                )
+                self.emit_headers(out, self.bth(op::RC_ACK, psn, false, false), ext)
             }
             Response::Cnp => {
                 self.counters.np_cnp_sent += 1;
                 let b = cnp::bth(self.cfg.dest_qp, bth::DEFAULT_PKEY);
-                matches!(
-                    self.emit(out, b, ExtRepr::default(), 0, |_| Ok(())),
-                    Some(Ok(()))
-                )
+                self.emit_headers(out, b, ExtRepr::default())
             }
             Response::Atomic { psn, orig, msn } => {
                 let ext = ExtRepr {
@@ -864,16 +857,7 @@ impl RcQp {
                     atomic_ack: Some(atomic_ack_eth::Repr { orig }),
                     ..Default::default()
                 };
-                matches!(
-                    self.emit(
-                        out,
-                        self.bth(op::RC_ATOMIC_ACK, psn, false, false),
-                        ext,
-                        0,
-                        |_| Ok(())
-                    ),
-                    Some(Ok(()))
-                )
+                self.emit_headers(out, self.bth(op::RC_ATOMIC_ACK, psn, false, false), ext)
             }
             Response::Read {
                 psn,
