@@ -4,13 +4,10 @@
 //! headers prepended into its headroom, frames parsed in place from the rx mbuf. Needs root and
 //! hugepages (scripts/setup.sh), as `make test` has.
 
-use dataplane::counters::LcoreCounters;
-use dataplane::dpdk::{MemifCable, TscSource};
-use dataplane::lcore::{Command, LcoreId, Worker};
-use dataplane::port::QueueId;
+use dataplane::dpdk::MemifCable;
+use dataplane::lcore::Command;
 use dataplane::transport::host::{RdmaHost, pair_check};
 use dataplane::transport::qp::Mtu;
-use std::sync::Arc;
 
 #[test]
 fn rdma_between_two_memif_ports_through_mbufs() {
@@ -22,22 +19,7 @@ fn rdma_between_two_memif_ports_through_mbufs() {
     );
     let cable = MemifCable::new("ferroce-rdma-t", 16383, "warning").expect("EAL and memif");
     assert!(cable.up(), "memif links up");
-    let clock = TscSource::new(cable.eal());
-    let mut ctls = Vec::new();
-    let mut threads = Vec::new();
-    for (i, p) in cable.ports.iter().enumerate() {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let w = Worker::new(
-            LcoreId(i as u16),
-            vec![p.queue(QueueId(0))],
-            RdmaHost::new(i as u32, 0, 100e9),
-            clock,
-            Arc::new(LcoreCounters::default()),
-            rx,
-        );
-        threads.push(std::thread::spawn(move || w.run()));
-        ctls.push(tx);
-    }
+    let (ctls, threads) = cable.spawn(|i| RdmaHost::new(i as u32, 0, 100e9));
     let result = [Mtu::M1024, Mtu::M4096].into_iter().try_for_each(|mtu| {
         pair_check(&ctls[0], &ctls[1], mtu).map_err(|e| format!("{mtu:?}: {e}"))
     });

@@ -8,14 +8,11 @@
 
 use clap::Parser;
 use dataplane::cc::CcKind;
-use dataplane::counters::LcoreCounters;
-use dataplane::dpdk::{MemifCable, TscSource};
-use dataplane::lcore::{Command, LcoreId, Worker};
-use dataplane::port::QueueId;
+use dataplane::dpdk::MemifCable;
+use dataplane::lcore::Command;
 use dataplane::transport::host::{PAIR_VA, RdmaCommand, RdmaHost, connect_pair};
 use dataplane::transport::qp::Mtu;
 use dataplane::transport::wr::{SendOp, SendWr, Sge};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -45,22 +42,7 @@ fn main() {
     let cable = MemifCable::new("ferroce-bench-rdma", 32767, "error")
         .expect("EAL and memif (root and hugepages: scripts/setup.sh)");
     assert!(cable.up(), "memif links up");
-    let clock = TscSource::new(cable.eal());
-    let mut ctls = Vec::new();
-    let mut threads = Vec::new();
-    for (i, p) in cable.ports.iter().enumerate() {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let w = Worker::new(
-            LcoreId(i as u16),
-            vec![p.queue(QueueId(0))],
-            RdmaHost::new(i as u32, 0, 100e9),
-            clock,
-            Arc::new(LcoreCounters::default()),
-            rx,
-        );
-        threads.push(std::thread::spawn(move || w.run()));
-        ctls.push(tx);
-    }
+    let (ctls, threads) = cable.spawn(|i| RdmaHost::new(i as u32, 0, 100e9));
     let pair = connect_pair(&ctls[0], &ctls[1], mtu, cc).expect("connect");
     println!(
         "RDMA WRITE, memif in one process, path MTU {}, cc {}, two lcores on 2 CPUs",

@@ -1,8 +1,12 @@
 //! Two memif ports in one process, a server and a client on one socket, joined like a cable:
 //! the transport's DPDK tests and benchmarks run on it without a second process.
 
-use super::{DpdkPort, Eal, EalArgs, Error, Mempool, PortSetup};
+use super::{DpdkPort, DpdkQueue, Eal, EalArgs, Error, Mempool, PortSetup, TscSource};
+use crate::counters::LcoreCounters;
+use crate::lcore::{Command, Handler, LcoreId, Worker};
 use crate::port::PortId;
+use crate::port::QueueId;
+use crossbeam_channel::Sender;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,6 +83,40 @@ impl MemifCable {
     /// The EAL (for the TSC clock).
     pub fn eal(&self) -> &Eal {
         self.eal.as_ref().expect("present until drop")
+    }
+
+    /// Runs `make(i)` as a worker on port `i`'s queue 0, one thread per port (TSC clock);
+    /// returns their command channels and threads. Send `Command::Stop` and join them (their
+    /// queues hold pool buffers) before [`MemifCable::finish`].
+    #[allow(clippy::type_complexity)]
+    pub fn spawn<H>(
+        &self,
+        make: impl Fn(usize) -> H,
+    ) -> (
+        Vec<Sender<Command<H::Command>>>,
+        Vec<std::thread::JoinHandle<Vec<DpdkQueue>>>,
+    )
+    where
+        H: Handler<DpdkQueue> + 'static,
+        H::Command: core::fmt::Debug,
+    {
+        let clock = TscSource::new(self.eal());
+        let mut ctls = Vec::new();
+        let mut threads = Vec::new();
+        for (i, p) in self.ports.iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let w = Worker::new(
+                LcoreId(i as u16),
+                vec![p.queue(QueueId(0))],
+                make(i),
+                clock,
+                std::sync::Arc::new(LcoreCounters::default()),
+                rx,
+            );
+            threads.push(std::thread::spawn(move || w.run()));
+            ctls.push(tx);
+        }
+        (ctls, threads)
     }
 
     /// True when both links are up.
