@@ -168,6 +168,31 @@ fn sg(key: u32, addr: u64, len: u32) -> ArrayVec<Sge, 8> {
     v
 }
 
+/// Stores `v` at `va` in the node's region.
+fn set_word(n: &mut Node, va: u64, v: u64) {
+    let key = n.key;
+    let m = n.mrs.get_mut(key).unwrap();
+    m.slice_mut(va, 8)
+        .unwrap()
+        .copy_from_slice(&v.to_le_bytes());
+}
+
+/// A signaled fetch-and-add of `add` at `target` in `b`, the original landing at `dst` in `a`.
+fn fetch_add(a: &Node, b: &Node, id: u64, target: u64, add: u64, dst: u64) -> SendWr {
+    SendWr {
+        wr_id: id,
+        op: SendOp::FetchAdd {
+            remote_addr: target,
+            rkey: b.key,
+            add,
+        },
+        sg: sg(a.key, dst, 8),
+        signaled: true,
+        solicited: false,
+        fence: false,
+    }
+}
+
 fn bytes(n: &Node, va: u64, len: usize) -> Vec<u8> {
     n.mrs.get(n.key).unwrap().slice(va, len).unwrap().to_vec()
 }
@@ -284,25 +309,9 @@ fn read_and_atomics_return_remote_data() {
     .unwrap();
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
     let target = BASE + 0x8_0000;
-    b.mrs
-        .get_mut(b.key)
-        .unwrap()
-        .slice_mut(target, 8)
-        .unwrap()
-        .copy_from_slice(&41u64.to_le_bytes());
-    a.qp.post_send(SendWr {
-        wr_id: 2,
-        op: SendOp::FetchAdd {
-            remote_addr: target,
-            rkey: b.key,
-            add: 1,
-        },
-        sg: sg(a.key, BASE + 0x9_0000, 8),
-        signaled: true,
-        solicited: false,
-        fence: false,
-    })
-    .unwrap();
+    set_word(&mut b, target, 41);
+    a.qp.post_send(fetch_add(&a, &b, 2, target, 1, BASE + 0x9_0000))
+        .unwrap();
     a.qp.post_send(SendWr {
         wr_id: 3,
         op: SendOp::CmpSwap {
@@ -670,25 +679,9 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
 fn duplicate_atomic_is_answered_from_the_replay_cache() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     let target = BASE + 0x100;
-    b.mrs
-        .get_mut(b.key)
-        .unwrap()
-        .slice_mut(target, 8)
-        .unwrap()
-        .copy_from_slice(&100u64.to_le_bytes());
-    a.qp.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::FetchAdd {
-            remote_addr: target,
-            rkey: b.key,
-            add: 5,
-        },
-        sg: sg(a.key, BASE, 8),
-        signaled: true,
-        solicited: false,
-        fence: false,
-    })
-    .unwrap();
+    set_word(&mut b, target, 100);
+    a.qp.post_send(fetch_add(&a, &b, 1, target, 5, BASE))
+        .unwrap();
     let mut acks = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 1 && opcode_of(f) == Some(op::RC_ATOMIC_ACK) {
