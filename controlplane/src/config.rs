@@ -117,6 +117,22 @@ impl Default for DataplaneSection {
     }
 }
 
+/// `[api]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiSection {
+    /// Address and port the REST API listens on ("off" for none). Loopback by default.
+    pub listen: String,
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        ApiSection {
+            listen: "127.0.0.1:7470".into(),
+        }
+    }
+}
+
 /// `[[ports]]`
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -166,6 +182,8 @@ pub struct Config {
     pub ports: Vec<PortSection>,
     /// `[[routes]]`
     pub routes: Vec<RouteSection>,
+    /// `[api]`
+    pub api: ApiSection,
 }
 
 /// One port, checked.
@@ -192,6 +210,33 @@ pub struct Plan {
     pub mbufs: u32,
     /// Descriptors per queue.
     pub descriptors: u16,
+    /// Where the REST API listens, if anywhere.
+    pub api: Option<std::net::SocketAddr>,
+}
+
+/// The largest frame a port of `mtu` carries: MTU + Ethernet header + 802.1Q tag.
+pub fn max_frame(mtu: u16) -> u32 {
+    mtu as u32 + 18
+}
+
+/// A memif device string with a buffer size that holds a whole frame of `mtu`.
+///
+/// DPDK 22.11's memif splits frames longer than its buffers (2048 B by default) over several
+/// ring slots, and its transmit path does not clear the chaining flag of a packet's first
+/// slot: a short frame that later lands in a slot once used by a long one is glued to the
+/// slot after it, and the receiver's ring index runs past the sender's, after which it
+/// delivers stale slots forever (seen here as millions of phantom frames after the first
+/// jumbo transfers). Buffers that hold a whole frame never chain, so roced sizes them unless
+/// the device string sets `bsize` itself.
+pub fn memif_buffers(device: &str, mtu: u16) -> String {
+    if !device.starts_with("net_memif") || device.contains("bsize=") {
+        return device.to_string();
+    }
+    let need = max_frame(mtu);
+    if need <= 2048 {
+        return device.to_string();
+    }
+    format!("{device},bsize={}", need.div_ceil(128) * 128)
 }
 
 mod cidr {
@@ -357,7 +402,7 @@ impl Config {
                 ));
             }
             if device_name.starts_with("net_") {
-                vdevs.push(p.device.clone());
+                vdevs.push(memif_buffers(&p.device, p.mtu));
                 if e.in_memory && device_name.starts_with("net_memif") {
                     return Err(field(
                         "eal.in_memory",
@@ -460,6 +505,15 @@ impl Config {
             main_cpus: dp.control_cpus.clone(),
             log_level: e.log_level.clone(),
         };
+        let api = match self.api.listen.as_str() {
+            "off" | "" => None,
+            a => Some(a.parse().map_err(|_| {
+                field(
+                    "api.listen",
+                    format!("{a:?} is not an address and port like 127.0.0.1:7470 (or \"off\")"),
+                )
+            })?),
+        };
         Ok(Plan {
             eal,
             ports,
@@ -467,6 +521,7 @@ impl Config {
             mode: dp.mode,
             mbufs: dp.mbufs,
             descriptors: dp.descriptors,
+            api,
         })
     }
 }
@@ -593,6 +648,17 @@ mod tests {
         let c = Config::embedded();
         assert_eq!(c.ports.len(), 1);
         assert!(c.ports[0].device.starts_with("net_memif0"));
+    }
+
+    #[test]
+    fn memif_buffers_hold_a_whole_frame() {
+        let d = "net_memif0,role=server,socket=/run/x.sock";
+        assert_eq!(memif_buffers(d, 1500), d, "standard frames fit the default");
+        assert_eq!(memif_buffers(d, 9000), format!("{d},bsize=9088"));
+        assert_eq!(memif_buffers(d, 4200), format!("{d},bsize=4224"));
+        let own = format!("{d},bsize=16384");
+        assert_eq!(memif_buffers(&own, 9000), own, "a bsize given is kept");
+        assert_eq!(memif_buffers("net_ring0", 9000), "net_ring0");
     }
 
     #[test]

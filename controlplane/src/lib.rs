@@ -5,5 +5,7 @@
 //! state, neighbour events passed between lcores, diagnostics, and an orderly stop on SIGINT or
 //! SIGTERM.
 
+pub mod api;
 pub mod config;
 pub mod node;
+pub mod rdma;

@@ -1,14 +1,21 @@
 //! Running a node: EAL, mempool and ports up; one worker per lcore; the control loop on the
 //! main lcore; and an orderly stop that returns every mbuf and leaves no DPDK files behind.
 
+use crate::api::ApiState;
 use crate::config::{Mode, Plan};
+use crate::rdma::Rdma;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use dataplane::appliance::{Appliance, ApplianceCommand};
 use dataplane::counters::LcoreCounters;
-use dataplane::dpdk::{self, DpdkPort, DpdkQueue, Eal, Mempool, PortSetup, TscSource};
+use dataplane::dpdk::{
+    self, DpdkPort, DpdkQueue, Eal, HugepageHeap, Mempool, PortSetup, TscSource,
+};
 use dataplane::lcore::{Command, Handler, LcoreId, MacSwap, Worker};
 use dataplane::net::neighbor::State;
 use dataplane::net::{NetCommand, NetEvent, NetStack};
-use dataplane::port::{PortId, QueueId};
+use dataplane::port::impair::{ImpairHandle, Impaired};
+use dataplane::port::{PortId, PortQueue, QueueId};
+use dataplane::transport::host::RdmaHost;
 use serde_json::json;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -47,20 +54,24 @@ pub enum RunError {
     },
 }
 
-/// Lets the control loop talk to any handler: the IP stack takes [`NetCommand`]s, the
+/// The queues an appliance lcore runs on: DPDK queues behind an impairment stage (off unless
+/// set through the API).
+pub type NodeQueue = Impaired<DpdkQueue, TscSource>;
+
+/// Lets the control loop talk to any handler: the appliance takes [`NetCommand`]s, the
 /// benchmark handler none.
-pub trait ControlledHandler: Handler<DpdkQueue> + 'static {
+pub trait ControlledHandler<Q: PortQueue>: Handler<Q> + 'static {
     /// Wraps a stack command for this handler, if it takes them.
     fn net_command(cmd: NetCommand) -> Option<Self::Command>;
 }
 
-impl ControlledHandler for NetStack<dpdk::Mbuf> {
-    fn net_command(cmd: NetCommand) -> Option<NetCommand> {
-        Some(cmd)
+impl ControlledHandler<NodeQueue> for Appliance<dpdk::Mbuf> {
+    fn net_command(cmd: NetCommand) -> Option<ApplianceCommand> {
+        Some(ApplianceCommand::Net(cmd))
     }
 }
 
-impl ControlledHandler for MacSwap {
+impl ControlledHandler<DpdkQueue> for MacSwap {
     fn net_command(_: NetCommand) -> Option<()> {
         None
     }
@@ -118,29 +129,94 @@ pub fn run(
         );
         ports.push(port);
     }
+    let clock = TscSource::new(&eal);
+    let nworkers = nworkers as usize;
     let report = match plan.mode {
         Mode::Stack => {
             let (ev_tx, ev_rx) = bounded(4096);
             let macs: Vec<_> = ports.iter().map(|p| p.info().mac).collect();
             let net = plan.net.clone();
-            run_workers(&eal, &ports, opts, stop, Some(ev_rx), move |_| {
-                NetStack::new(&net, &macs, Some(ev_tx.clone()))
-            })
+            // Per lcore, its queue of every port behind an impairment stage; per port, the
+            // stages' handles.
+            let mut impair: Vec<Vec<ImpairHandle>> = ports.iter().map(|_| Vec::new()).collect();
+            let mut queues: Vec<Vec<NodeQueue>> = Vec::new();
+            for l in 0..nworkers {
+                let mut qs = Vec::new();
+                for (pi, p) in ports.iter().enumerate() {
+                    let seed = 0x5eed_0000 ^ (pi as u64) << 8 ^ l as u64;
+                    let (q, h) = Impaired::new(p.queue(QueueId(l as u16)), clock, seed);
+                    qs.push(q);
+                    impair[pi].push(h);
+                }
+                queues.push(qs);
+            }
+            let speed = ports
+                .first()
+                .map(|p| p.link().speed_mbps)
+                .filter(|s| *s > 0)
+                .unwrap_or(100_000);
+            let line_bps = speed as f64 * 1e6;
+            let mut hosts = RdmaHost::sharded(nworkers, 0, line_bps).into_iter();
+            let heap = HugepageHeap::new(&eal);
+            let api_net = plan.net.clone();
+            let api_macs = macs.clone();
+            let api_addr = plan.api;
+            run_workers(
+                &ports,
+                queues,
+                clock,
+                opts,
+                stop,
+                Some(ev_rx),
+                move |_| {
+                    Appliance::new(
+                        NetStack::new(&net, &macs, Some(ev_tx.clone())),
+                        hosts.next().expect("one host per lcore"),
+                    )
+                },
+                move |cmds, counters| {
+                    let rdma = Rdma::new(
+                        cmds.to_vec(),
+                        Box::new(move |len| heap.alloc(len).map_err(|e| e.to_string())),
+                        &api_net,
+                        api_macs,
+                        line_bps,
+                    );
+                    let nports = impair.len();
+                    let state = Arc::new(ApiState {
+                        rdma,
+                        ports: std::sync::Mutex::new(Vec::new()),
+                        impair,
+                        lcore_counters: counters.to_vec(),
+                        impair_cfg: std::sync::Mutex::new(vec![
+                            [
+                                serde_json::Value::Null,
+                                serde_json::Value::Null
+                            ];
+                            nports
+                        ]),
+                    });
+                    Some((state, api_addr))
+                },
+            )
         }
-        Mode::Macswap => run_workers(&eal, &ports, opts, stop, None, |_| MacSwap),
+        Mode::Macswap => {
+            let queues = (0..nworkers)
+                .map(|l| ports.iter().map(|p| p.queue(QueueId(l as u16))).collect())
+                .collect();
+            run_workers(
+                &ports,
+                queues,
+                clock,
+                opts,
+                stop,
+                None,
+                |_| MacSwap,
+                |_, _| None,
+            )
+        }
     }?;
-    let port_stats: Vec<_> = ports
-        .iter()
-        .map(|p| {
-            let s = p.stats();
-            // The driver's extended statistics, the non-zero ones.
-            let xstats: serde_json::Map<String, serde_json::Value> =
-                p.xstats().into_iter().filter(|(_, v)| *v != 0).map(|(k, v)| (k, json!(v))).collect();
-            json!({"xstats": xstats, "device": p.name(), "driver": p.driver(), "mac": p.info().mac.to_string(),
-                   "ipackets": s.ipackets, "opackets": s.opackets, "ibytes": s.ibytes, "obytes": s.obytes,
-                   "imissed": s.imissed, "ierrors": s.ierrors, "oerrors": s.oerrors, "rx_nombuf": s.rx_nombuf})
-        })
-        .collect();
+    let port_stats = ports_json(&ports);
     drop(ports); // stop and close: the drivers return the mbufs in their rings
     let leaked = pool.in_use();
     if leaked != 0 {
@@ -159,27 +235,32 @@ pub fn run(
     Ok(report)
 }
 
-fn run_workers<H: ControlledHandler>(
-    eal: &Eal,
+/// What a mode's `serve` hook gives the control loop: the API's state and where to serve it.
+type Serve = Option<(Arc<ApiState>, Option<std::net::SocketAddr>)>;
+
+#[allow(clippy::too_many_arguments)]
+fn run_workers<Q, H>(
     ports: &[DpdkPort],
+    queues: Vec<Vec<Q>>,
+    clock: TscSource,
     opts: &RunOptions,
     stop: Arc<AtomicBool>,
     events: Option<Receiver<NetEvent>>,
-    make: impl Fn(usize) -> H,
+    mut make: impl FnMut(usize) -> H,
+    serve: impl FnOnce(&[Sender<Command<H::Command>>], &[Arc<LcoreCounters>]) -> Serve,
 ) -> Result<serde_json::Value, RunError>
 where
+    Q: PortQueue + Send + 'static,
+    H: ControlledHandler<Q>,
     H::Command: std::fmt::Debug,
 {
-    let clock = TscSource::new(eal);
     let mut cmds: Vec<Sender<Command<H::Command>>> = Vec::new();
     let mut counters: Vec<Arc<LcoreCounters>> = Vec::new();
-    let lcores = ports.first().map(|p| p.queue_count()).unwrap_or(0);
     let mut launch_err = None;
-    for i in 0..lcores {
+    for (i, qs) in queues.into_iter().enumerate() {
         let (tx, rx) = unbounded();
         let c = Arc::new(LcoreCounters::default());
-        let queues: Vec<DpdkQueue> = ports.iter().map(|p| p.queue(QueueId(i))).collect();
-        let w = Worker::new(LcoreId(i), queues, make(i as usize), clock, c.clone(), rx);
+        let w = Worker::new(LcoreId(i as u16), qs, make(i), clock, c.clone(), rx);
         if let Err(e) = dpdk::launch(i as u32 + 1, move || drop(w.run())) {
             launch_err = Some(e);
             break;
@@ -188,7 +269,26 @@ where
         counters.push(c);
     }
     tracing::info!(workers = cmds.len(), "lcores running");
-
+    let api = if launch_err.is_none() {
+        serve(&cmds, &counters)
+    } else {
+        None
+    };
+    let mut server = None;
+    if let Some((state, Some(addr))) = &api {
+        match start_api(*addr, state.clone()) {
+            Ok(s) => {
+                tracing::info!(%addr, "REST API listening (http://{addr}/v1/health)");
+                server = Some(s);
+            }
+            Err(e) => {
+                tracing::error!(%addr, "REST API cannot listen: {e}");
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    let api = api.map(|(s, _)| s);
+    let mut next_ports_refresh = Instant::now();
     let started = Instant::now();
     let mut links: Vec<bool> = vec![false; ports.len()];
     let mut pings: Vec<PingStats> = opts.ping.iter().map(|_| PingStats::default()).collect();
@@ -198,6 +298,12 @@ where
     while launch_err.is_none() && !stop.load(Ordering::Relaxed) {
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
+        }
+        if let Some(a) = &api
+            && Instant::now() >= next_ports_refresh
+        {
+            next_ports_refresh = Instant::now() + Duration::from_millis(250);
+            *a.ports.lock().expect("ports") = ports_json(ports);
         }
         for (i, p) in ports.iter().enumerate() {
             let up = p.link().up;
@@ -241,12 +347,38 @@ where
         }
         if let Some(ev) = &events {
             while let Ok(e) = ev.recv_timeout(Duration::from_millis(20)) {
-                handle_event::<H>(e, &cmds, &opts.ping, &mut pings, ident);
+                if let (Some(a), NetEvent::Resolved { port, ip, mac }) = (&api, &e) {
+                    a.rdma.neighbor_resolved(*port, *ip, *mac);
+                }
+                handle_event::<Q, H>(e, &cmds, &opts.ping, &mut pings, ident);
             }
         } else {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+    // The API stops first, so nothing is asked of lcores that are stopping.
+    if let Some((tx, thread)) = server {
+        let _ = tx.send(());
+        let _ = thread.join();
+    }
+    let rdma_json: Vec<serde_json::Value> = api
+        .as_ref()
+        .and_then(|a| a.rdma.counters().ok())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                h.qp.named()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect();
+            m.insert("handoffs".into(), json!(h.handoffs));
+            m.insert("handoff_drops".into(), json!(h.handoff_drops));
+            json!({"lcore": i, "counters": m})
+        })
+        .collect();
+    drop(api);
     // Ask for the neighbour tables before stopping.
     let mut neighbors = Vec::new();
     for (i, c) in cmds.iter().enumerate() {
@@ -271,7 +403,7 @@ where
     dpdk::wait_all();
     if let Some(ev) = &events {
         while let Ok(e) = ev.try_recv() {
-            handle_event::<H>(e, &[], &opts.ping, &mut pings, ident);
+            handle_event::<Q, H>(e, &[], &opts.ping, &mut pings, ident);
         }
     }
     if let Some(e) = launch_err {
@@ -301,12 +433,12 @@ where
         })
         .collect();
     Ok(
-        json!({"lcores": lcores_json, "neighbors": neighbors, "pings": pings_json,
+        json!({"lcores": lcores_json, "rdma": rdma_json, "neighbors": neighbors, "pings": pings_json,
               "uptime_s": started.elapsed().as_secs_f64()}),
     )
 }
 
-fn handle_event<H: ControlledHandler>(
+fn handle_event<Q: PortQueue, H: ControlledHandler<Q>>(
     e: NetEvent,
     cmds: &[Sender<Command<H::Command>>],
     targets: &[IpAddr],
@@ -340,4 +472,54 @@ fn handle_event<H: ControlledHandler>(
             tracing::warn!(%dst, reason = reason.label(), "ping not sent")
         }
     }
+}
+
+/// Ports as the report and the API show them: device, driver, MAC, link, counters.
+fn ports_json(ports: &[DpdkPort]) -> Vec<serde_json::Value> {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let s = p.stats();
+            let l = p.link();
+            // The driver's extended statistics, the non-zero ones.
+            let xstats: serde_json::Map<String, serde_json::Value> =
+                p.xstats().into_iter().filter(|(_, v)| *v != 0).map(|(k, v)| (k, json!(v))).collect();
+            json!({"port": i, "device": p.name(), "driver": p.driver(), "mac": p.info().mac.to_string(),
+                   "mtu": p.info().mtu, "link_up": l.up, "speed_mbps": l.speed_mbps,
+                   "ipackets": s.ipackets, "opackets": s.opackets, "ibytes": s.ibytes, "obytes": s.obytes,
+                   "imissed": s.imissed, "ierrors": s.ierrors, "oerrors": s.oerrors, "rx_nombuf": s.rx_nombuf,
+                   "xstats": xstats})
+        })
+        .collect()
+}
+
+/// Starts the REST API on a thread of its own; the sender stops it.
+fn start_api(
+    addr: std::net::SocketAddr,
+    state: Arc<ApiState>,
+) -> std::io::Result<(
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(64)
+        .thread_name("roced-api")
+        .enable_all()
+        .build()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind(addr))?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("roced-api".into())
+        .spawn(move || {
+            let r = rt.block_on(crate::api::serve(listener, state, async {
+                let _ = rx.await;
+            }));
+            if let Err(e) = r {
+                tracing::error!("REST API stopped: {e}");
+            }
+            rt.shutdown_timeout(Duration::from_secs(2));
+        })?;
+    Ok((tx, thread))
 }

@@ -13,6 +13,7 @@
 //! The packet path allocates nothing and never blocks: bursts are fixed arrays, counters are
 //! single-writer per lcore, and errors on that path are values, not strings.
 
+pub mod appliance;
 pub mod buf;
 pub mod cc;
 pub mod counters;
@@ -20,6 +21,7 @@ pub mod crc;
 pub mod dpdk;
 pub mod hint;
 pub mod lcore;
+pub mod mem;
 pub mod net;
 pub mod port;
 pub mod sim;

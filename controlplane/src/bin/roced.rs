@@ -38,6 +38,9 @@ struct Args {
     /// Worker mode, overriding `dataplane.mode`.
     #[arg(long, value_parser = ["stack", "macswap"])]
     mode: Option<String>,
+    /// Where the REST API listens (ADDR:PORT, or "off"), overriding `api.listen`.
+    #[arg(long, value_name = "ADDR:PORT")]
+    api: Option<String>,
     /// Stop by itself after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     duration: Option<f64>,
@@ -86,6 +89,9 @@ fn main() -> ExitCode {
     }
     if let Some(p) = &args.file_prefix {
         cfg.eal.file_prefix = Some(p.clone());
+    }
+    if let Some(a) = &args.api {
+        cfg.api.listen = a.clone();
     }
     if args.no_huge {
         cfg.eal.hugepages = false;
@@ -166,10 +172,9 @@ fn print_summary(r: &serde_json::Value) {
             );
         }
     }
-    if let Some(lc) = r["lcores"].as_array() {
-        for l in lc {
-            let c = &l["counters"];
-            let nonzero: Vec<String> = c
+    for (key, label) in [("lcores", "lcore"), ("rdma", "rdma lcore")] {
+        for l in r[key].as_array().into_iter().flatten() {
+            let nonzero: Vec<String> = l["counters"]
                 .as_object()
                 .map(|m| {
                     m.iter()
@@ -178,7 +183,9 @@ fn print_summary(r: &serde_json::Value) {
                         .collect()
                 })
                 .unwrap_or_default();
-            println!("  lcore{}: {}", l["lcore"], nonzero.join(" "));
+            if !nonzero.is_empty() || key == "lcores" {
+                println!("  {label}{}: {}", l["lcore"], nonzero.join(" "));
+            }
         }
     }
     if let Some(ns) = r["neighbors"].as_array() {

@@ -100,6 +100,10 @@ impl Roced {
             .arg("--report")
             .arg(&report)
             .args(extra);
+        // Nodes listen for the API only when the test asks (two nodes would share the default).
+        if !config.contains("[api]") && !extra.contains(&"--api") {
+            cmd.args(["--api", "off"]);
+        }
         cmd.stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .stdin(Stdio::null());
@@ -210,4 +214,126 @@ pub fn assert_no_dpdk_files(prefix: &str) {
         !huge.iter().any(|f| f.starts_with(prefix)),
         "hugepage files left behind: {huge:?}"
     );
+}
+
+/// A blocking client of a node's REST API.
+pub struct Api {
+    pub base: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    pub fn new(addr: &str) -> Api {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        Api {
+            base: format!("http://{addr}"),
+            agent,
+        }
+    }
+
+    fn finish(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Vec<u8>) {
+        let mut r = r.expect("HTTP request");
+        let status = r.status().as_u16();
+        let body = r
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .expect("HTTP body");
+        (status, body)
+    }
+
+    fn json(status: u16, b: Vec<u8>) -> (u16, serde_json::Value) {
+        let v = if b.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&b).unwrap_or_else(|e| {
+                panic!(
+                    "status {status}: body is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&b)
+                )
+            })
+        };
+        (status, v)
+    }
+
+    /// GET, JSON back.
+    pub fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let (s, b) = Self::finish(self.agent.get(format!("{}{path}", self.base)).call());
+        Self::json(s, b)
+    }
+
+    /// GET, bytes back.
+    pub fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
+        Self::finish(self.agent.get(format!("{}{path}", self.base)).call())
+    }
+
+    /// POST a JSON body (raw text, so tests can send broken JSON too).
+    pub fn post_text(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let (s, b) = Self::finish(
+            self.agent
+                .post(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .send(body),
+        );
+        Self::json(s, b)
+    }
+
+    /// POST JSON.
+    pub fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        self.post_text(path, &body.to_string())
+    }
+
+    /// PUT JSON.
+    pub fn put(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let (s, b) = Self::finish(
+            self.agent
+                .put(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .send(body.to_string()),
+        );
+        Self::json(s, b)
+    }
+
+    /// PUT raw bytes.
+    pub fn put_bytes(&self, path: &str, data: &[u8]) -> (u16, serde_json::Value) {
+        let (s, b) = Self::finish(
+            self.agent
+                .put(format!("{}{path}", self.base))
+                .header("content-type", "application/octet-stream")
+                .send(data),
+        );
+        Self::json(s, b)
+    }
+
+    /// DELETE.
+    pub fn delete(&self, path: &str) -> (u16, serde_json::Value) {
+        let (s, b) = Self::finish(self.agent.delete(format!("{}{path}", self.base)).call());
+        Self::json(s, b)
+    }
+
+    /// Asserts a 2xx status and returns the JSON.
+    pub fn ok(&self, r: (u16, serde_json::Value)) -> serde_json::Value {
+        assert!((200..300).contains(&r.0), "API error {}: {}", r.0, r.1);
+        r.1
+    }
+
+    /// Waits until the API answers /v1/health.
+    pub fn wait_up(&self, timeout: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if let Ok(mut r) = self.agent.get(format!("{}/v1/health", self.base)).call()
+                && r.status() == 200
+            {
+                let _ = r.body_mut().read_to_vec();
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
 }

@@ -63,6 +63,9 @@ pub enum Error {
         /// rte_strerror of rte_errno.
         reason: String,
     },
+    /// The hugepage heap could not give region memory.
+    #[error("cannot allocate {0} bytes of hugepage memory (are enough hugepages reserved?)")]
+    NoMemory(usize),
     /// Launching a worker on an lcore failed.
     #[error("launching a worker on lcore {lcore} failed: {reason}")]
     Launch {
@@ -71,6 +74,32 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+}
+
+/// DPDK's hugepage heap, for memory-region memory: a token that the EAL was initialised, so it
+/// can be handed to control threads. Every [`crate::mem::SharedMem`] it gave must be dropped
+/// before the EAL is cleaned up.
+#[derive(Clone, Copy, Debug)]
+pub struct HugepageHeap(());
+
+impl HugepageHeap {
+    /// The heap of an initialised EAL.
+    pub fn new(_eal: &Eal) -> Self {
+        HugepageHeap(())
+    }
+
+    /// `len` zeroed bytes, cache-line aligned, shared by every holder of a handle.
+    pub fn alloc(&self, len: usize) -> Result<crate::mem::SharedMem, Error> {
+        if len == 0 {
+            return crate::mem::SharedMem::heap(0).map_err(|_| Error::NoMemory(0));
+        }
+        // SAFETY: the EAL is initialised (the token); rte_zmalloc returns null or a block of
+        // `len` zeroed bytes aligned to ALIGN, and is thread-safe.
+        let p = unsafe { dpdk_sys::rte_zmalloc(core::ptr::null(), len, crate::mem::ALIGN as u32) };
+        let p = core::ptr::NonNull::new(p.cast::<u8>()).ok_or(Error::NoMemory(len))?;
+        // SAFETY: from rte_zmalloc with that size and alignment; SharedMem frees it once.
+        Ok(unsafe { crate::mem::SharedMem::from_rte(p, len) })
+    }
 }
 
 /// DPDK's text for an error number (positive or negative).

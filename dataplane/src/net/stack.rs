@@ -100,6 +100,12 @@ pub enum NetCommand {
     },
     /// Report the neighbour caches.
     Neighbors(Sender<Vec<(usize, IpAddr, State)>>),
+    /// Resolve the next hop towards `dst` (a [`NetEvent::Resolved`] follows when it
+    /// answers, or at once if it is already known).
+    Resolve {
+        /// The destination.
+        dst: IpAddr,
+    },
     /// A port's link came up: solicit again for what is unresolved.
     LinkUp {
         /// Port index.
@@ -276,7 +282,7 @@ impl<B: PacketBuf> NetStack<B> {
     }
 
     /// Output port and next hop for `dst`; link-local IPv6 stays on `in_port`.
-    fn route(&self, dst: IpAddr, in_port: Option<usize>) -> Option<(usize, IpAddr)> {
+    pub fn route(&self, dst: IpAddr, in_port: Option<usize>) -> Option<(usize, IpAddr)> {
         if let (IpAddr::V6(a), Some(p)) = (dst, in_port)
             && a.is_unicast_link_local()
         {
@@ -292,6 +298,21 @@ impl<B: PacketBuf> NetStack<B> {
             .max_by_key(|r| r.dest.prefix_len())?;
         let port = self.ports.iter().position(|p| p.on_link(best.via))?;
         Some((port, best.via))
+    }
+
+    /// Our address on `port` to send from towards `dst` (same family), if the port has one.
+    pub fn source_ip(&self, port: usize, dst: IpAddr) -> Option<IpAddr> {
+        let p = self.ports.get(port)?;
+        match dst {
+            IpAddr::V4(d) => p.src_v4(d).map(IpAddr::V4),
+            IpAddr::V6(d) => p.src_v6(d).map(IpAddr::V6),
+        }
+    }
+
+    /// The VLAN id and priority frames on `port` carry, if tagged.
+    pub fn vlan(&self, port: usize) -> Option<(u16, u8)> {
+        let p = self.ports.get(port)?;
+        p.vlan.map(|v| (v, p.pcp))
     }
 
     fn handle_frame<Q: PortQueue<Buf = B>>(&mut self, port: usize, mut buf: B, io: &mut Io<'_, Q>) {
@@ -914,6 +935,36 @@ impl<Q: PortQueue> Handler<Q> for NetStack<Q::Buf> {
                 seq,
                 size,
             } => self.ping(dst, ident, seq, size, io),
+            NetCommand::Resolve { dst } => {
+                if let Some((port, hop)) = self.route(dst, None) {
+                    let known = self.ports[port]
+                        .neigh
+                        .entries()
+                        .find_map(|(ip, st)| match st {
+                            State::Reachable { mac, .. } | State::Probe { mac, .. }
+                                if ip == hop =>
+                            {
+                                Some(mac)
+                            }
+                            _ => None,
+                        });
+                    match known {
+                        Some(mac) => self.event(NetEvent::Resolved { port, ip: hop, mac }),
+                        None => {
+                            if self.ports[port].neigh.ensure(hop, io.now) {
+                                self.solicit(
+                                    port,
+                                    Solicit {
+                                        ip: hop,
+                                        unicast: None,
+                                    },
+                                    io,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
             NetCommand::LinkUp { port } => {
                 if let Some(p) = self.ports.get_mut(port) {
                     p.neigh.link_up(io.now);

@@ -17,6 +17,7 @@
 
 use super::cq::{CompletionQueue, WorkCompletion};
 use super::mr::{Access, MrError, MrTable, PdHandle};
+use super::qp::QpAttr;
 use super::rc::{CapsError, Connect, PostError, QpCaps, QpCounters, RcQp};
 use super::timers::TimerQueue;
 use super::wr::{RecvWr, SendWr};
@@ -56,6 +57,27 @@ pub enum RdmaCommand {
         /// The key.
         reply: Sender<Result<u32, MrError>>,
     },
+    /// Installs a region the control plane registered node-wide: the same key, address and
+    /// memory on every lcore, so any lcore's QPs can use it.
+    RegShared {
+        /// The key the node allocated (lkey = rkey).
+        key: u32,
+        /// Virtual address the region answers to.
+        va: u64,
+        /// Rights.
+        access: Access,
+        /// The memory, shared with the other lcores.
+        mem: crate::mem::SharedMem,
+        /// Done, or why not.
+        reply: Sender<Result<(), MrError>>,
+    },
+    /// Removes a region; its key stops working on this lcore at once.
+    DeregMr {
+        /// The key.
+        key: u32,
+        /// Done, or why not.
+        reply: Sender<Result<(), MrError>>,
+    },
     /// Copies `data` into a region at `va` (an operator's or test's slow path).
     WriteMr {
         /// The region's key.
@@ -89,14 +111,35 @@ pub enum RdmaCommand {
         /// The QPN.
         reply: Sender<Result<u32, CapsError>>,
     },
-    /// Takes a QP to RTS.
+    /// Takes a QP to RTS, its packets leaving by `port`.
     Connect {
         /// The QP.
         qpn: u32,
         /// How.
         c: Box<Connect>,
+        /// The port for its path.
+        port: usize,
         /// Done, or why not.
         reply: Sender<Result<(), String>>,
+    },
+    /// Modifies a QP (ibv_modify_qp); `port` is the port its packets leave by, when the
+    /// attributes give a path.
+    Modify {
+        /// The QP.
+        qpn: u32,
+        /// What to change.
+        attr: Box<QpAttr>,
+        /// Port for the path.
+        port: usize,
+        /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// A QP's attributes and counters.
+    Query {
+        /// The QP.
+        qpn: u32,
+        /// What it is, or None if there is no such QP.
+        reply: Sender<Option<QpQuery>>,
     },
     /// Posts a send work request.
     PostSend {
@@ -165,8 +208,22 @@ pub struct HostCounters {
     pub handoff_drops: u64,
 }
 
+/// What [`RdmaCommand::Query`] tells of a QP.
+#[derive(Clone, Debug)]
+pub struct QpQuery {
+    /// Its attributes (state, PSNs, remote QP, path, ...).
+    pub cfg: super::qp::QpConfig,
+    /// Its counters.
+    pub counters: QpCounters,
+    /// The port its packets leave by.
+    pub port: usize,
+    /// Its caps.
+    pub caps: QpCaps,
+}
+
 struct Slot {
     qp: RcQp,
+    port: usize,
     scq: CompletionQueue,
     rcq: CompletionQueue,
     ready: bool,
@@ -382,13 +439,13 @@ impl<B: PacketBuf> RdmaHost<B> {
             while sent < QP_BUDGET {
                 let mut buf = match self.spare.take() {
                     Some(b) => b,
-                    None => match io.alloc(self.port) {
+                    None => match io.alloc(s.port) {
                         Some(b) => b,
                         None => break,
                     },
                 };
                 if s.qp.poll_transmit(now, &self.mrs, &mut s.scq, &mut buf) {
-                    io.send(self.port, buf);
+                    io.send(s.port, buf);
                     sent += 1;
                 } else {
                     self.spare = Some(buf);
@@ -421,17 +478,28 @@ impl<B: PacketBuf> RdmaHost<B> {
                     .register(self.pd, va, Box::new(vec![0u8; len]), access);
                 let _ = reply.send(r);
             }
+            RdmaCommand::RegShared {
+                key,
+                va,
+                access,
+                mem,
+                reply,
+            } => {
+                let r = self
+                    .mrs
+                    .register_at(self.pd, key, va, Box::new(mem), access);
+                let _ = reply.send(r);
+            }
+            RdmaCommand::DeregMr { key, reply } => {
+                let _ = reply.send(self.mrs.deregister(key).map(drop));
+            }
             RdmaCommand::WriteMr {
                 key,
                 va,
                 data,
                 reply,
             } => {
-                let r = self
-                    .mrs
-                    .get_mut(key)
-                    .and_then(|m| m.slice_mut(va, data.len()))
-                    .map(|d| d.copy_from_slice(&data));
+                let r = self.mrs.get_mut(key).and_then(|m| m.write(va, &data));
                 let _ = reply.send(r);
             }
             RdmaCommand::ReadMr {
@@ -440,11 +508,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 len,
                 reply,
             } => {
-                let r = self
-                    .mrs
-                    .get(key)
-                    .and_then(|m| m.slice(va, len))
-                    .map(|d| d.to_vec());
+                let r = self.mrs.get(key).and_then(|m| m.to_vec(va, len));
                 let _ = reply.send(r);
             }
             RdmaCommand::CreateQp {
@@ -474,6 +538,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let qpn = qp.qpn;
                     self.slots[i as usize] = Some(Slot {
                         qp,
+                        port: self.port,
                         scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
                         rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
                         ready: false,
@@ -486,17 +551,53 @@ impl<B: PacketBuf> RdmaHost<B> {
                 }
                 let _ = reply.send(r);
             }
-            RdmaCommand::Connect { qpn, c, reply } => {
+            RdmaCommand::Connect {
+                qpn,
+                c,
+                port,
+                reply,
+            } => {
                 let r = match self.index(qpn) {
-                    Some(i) => self.slots[i]
-                        .as_mut()
-                        .expect("index checked")
-                        .qp
-                        .connect(&c)
-                        .map_err(|e| e.to_string()),
+                    Some(i) => {
+                        let s = self.slots[i].as_mut().expect("index checked");
+                        s.port = port;
+                        s.qp.connect(&c).map_err(|e| e.to_string())
+                    }
                     None => Err(format!("no QP {qpn:#x} on this lcore")),
                 };
                 let _ = reply.send(r);
+            }
+            RdmaCommand::Modify {
+                qpn,
+                attr,
+                port,
+                reply,
+            } => {
+                let r = match self.index(qpn) {
+                    Some(i) => {
+                        let s = self.slots[i].as_mut().expect("index checked");
+                        let r = s.qp.modify(&attr).map_err(|e| e.to_string());
+                        if r.is_ok() && attr.path.is_some() {
+                            s.port = port;
+                        }
+                        self.mark_ready(i);
+                        r
+                    }
+                    None => Err(format!("no QP {qpn:#x} on this lcore")),
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::Query { qpn, reply } => {
+                let q = self.index(qpn).map(|i| {
+                    let s = self.slots[i].as_ref().expect("index checked");
+                    QpQuery {
+                        cfg: s.qp.cfg,
+                        counters: s.qp.counters,
+                        port: s.port,
+                        caps: s.qp.caps(),
+                    }
+                });
+                let _ = reply.send(q);
             }
             RdmaCommand::PostSend { qpn, wr, reply } => {
                 let r = match self.index(qpn) {
@@ -744,6 +845,7 @@ pub fn connect_pair(
         ask(c, |reply| RdmaCommand::Connect {
             qpn: q,
             c: Box::new(conn),
+            port: 0,
             reply,
         })??;
     }

@@ -44,20 +44,72 @@ impl core::ops::BitOr for Access {
     }
 }
 
-/// Bytes behind a memory region.
+/// An 8-byte atomic operation on region memory (the RDMA atomics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Adds, wrapping.
+    FetchAdd(u64),
+    /// Writes `swap` if the word equals `compare`.
+    CompareSwap {
+        /// The expected value.
+        compare: u64,
+        /// The new value.
+        swap: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The new value of a word that held `orig`.
+    pub fn apply(self, orig: u64) -> u64 {
+        match self {
+            AtomicOp::FetchAdd(add) => orig.wrapping_add(add),
+            AtomicOp::CompareSwap { compare, swap } => {
+                if orig == compare {
+                    swap
+                } else {
+                    orig
+                }
+            }
+        }
+    }
+}
+
+/// Bytes behind a memory region, reached by copies rather than slices: a region may be
+/// shared by several lcores (and written by remote peers through any of them), as an RNIC's
+/// registered memory is shared by its engines and the host, so no one may hold a `&mut [u8]`
+/// to it. Offsets and lengths are checked by [`MemoryRegion`] before these are called.
 pub trait MrMemory: Send {
-    /// The region's bytes.
-    fn bytes(&self) -> &[u8];
-    /// The region's bytes, writable.
-    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True for an empty region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies the bytes at `off` into `dst`.
+    fn read(&self, off: usize, dst: &mut [u8]);
+    /// Copies `src` to the bytes at `off`.
+    fn write(&mut self, off: usize, src: &[u8]);
+    /// Applies `op` to the little-endian word at `off` (8-byte aligned in the region's
+    /// address space) and returns the word's original value. Atomic with respect to the
+    /// other users of shared memory.
+    fn atomic(&mut self, off: usize, op: AtomicOp) -> u64;
 }
 
 impl MrMemory for Vec<u8> {
-    fn bytes(&self) -> &[u8] {
-        self
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self[off..off + dst.len()]);
+    }
+    fn write(&mut self, off: usize, src: &[u8]) {
+        self[off..off + src.len()].copy_from_slice(src);
+    }
+    fn atomic(&mut self, off: usize, op: AtomicOp) -> u64 {
+        let w = &mut self[off..off + 8];
+        let orig = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        w.copy_from_slice(&op.apply(orig).to_le_bytes());
+        orig
     }
 }
 
@@ -127,7 +179,7 @@ impl core::fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.bytes().len()
+        self.mem.len()
     }
 
     /// True for an empty region.
@@ -144,16 +196,34 @@ impl MemoryRegion {
         Ok((va - self.va) as usize)
     }
 
-    /// The bytes at `[va, va + len)`.
-    pub fn slice(&self, va: u64, len: usize) -> Result<&[u8], MrError> {
-        let off = self.offset(va, len as u64)?;
-        Ok(&self.mem.bytes()[off..off + len])
+    /// Copies the bytes at `va` into `dst`.
+    pub fn read(&self, va: u64, dst: &mut [u8]) -> Result<(), MrError> {
+        let off = self.offset(va, dst.len() as u64)?;
+        self.mem.read(off, dst);
+        Ok(())
     }
 
-    /// The bytes at `[va, va + len)`, writable.
-    pub fn slice_mut(&mut self, va: u64, len: usize) -> Result<&mut [u8], MrError> {
-        let off = self.offset(va, len as u64)?;
-        Ok(&mut self.mem.bytes_mut()[off..off + len])
+    /// The `len` bytes at `va`, copied (the slow path: control plane and tests).
+    pub fn to_vec(&self, va: u64, len: usize) -> Result<Vec<u8>, MrError> {
+        let mut v = vec![0u8; len];
+        self.read(va, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `src` to the bytes at `va`.
+    pub fn write(&mut self, va: u64, src: &[u8]) -> Result<(), MrError> {
+        let off = self.offset(va, src.len() as u64)?;
+        self.mem.write(off, src);
+        Ok(())
+    }
+
+    /// Applies an atomic to the word at `va` (8-byte aligned); returns its original value.
+    pub fn atomic(&mut self, va: u64, op: AtomicOp) -> Result<u64, MrError> {
+        if !va.is_multiple_of(8) {
+            return Err(MrError::Misaligned);
+        }
+        let off = self.offset(va, 8)?;
+        Ok(self.mem.atomic(off, op))
     }
 }
 
@@ -210,7 +280,7 @@ impl MrTable {
         if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
             return Err(MrError::BadAccessFlags);
         }
-        va.checked_add(mem.bytes().len() as u64)
+        va.checked_add(mem.len() as u64)
             .ok_or(MrError::OutOfBounds)?;
         let index = match self.free.pop() {
             Some(i) => i,
@@ -236,6 +306,55 @@ impl MrTable {
         });
         self.count += 1;
         Ok(key)
+    }
+
+    /// Registers `mem` under a key chosen elsewhere (the node-wide table that hands keys out
+    /// for every lcore's table): refused if the key's slot is taken. Later registrations
+    /// here continue the key's tag sequence for that slot.
+    pub fn register_at(
+        &mut self,
+        pd: PdHandle,
+        key: u32,
+        va: u64,
+        mem: Box<dyn MrMemory>,
+        access: Access,
+    ) -> Result<(), MrError> {
+        if self.pds.get(pd.0 as usize) != Some(&true) {
+            return Err(MrError::NoSuchPd);
+        }
+        let remote_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(MrError::BadAccessFlags);
+        }
+        va.checked_add(mem.len() as u64)
+            .ok_or(MrError::OutOfBounds)?;
+        let index = (key >> 8) as usize;
+        if index >= MAX_REGIONS {
+            return Err(MrError::TooMany);
+        }
+        while self.slots.len() <= index {
+            // New slots below `index` become free ones.
+            self.slots.push(None);
+            self.tags.push(0);
+            if self.slots.len() - 1 != index {
+                self.free.push(self.slots.len() as u32 - 1);
+            }
+        }
+        if self.slots[index].is_some() {
+            return Err(MrError::Busy);
+        }
+        self.free.retain(|&f| f as usize != index);
+        self.tags[index] = key as u8;
+        self.slots[index] = Some(MemoryRegion {
+            pd,
+            lkey: key,
+            rkey: key,
+            va,
+            access,
+            mem,
+        });
+        self.count += 1;
+        Ok(())
     }
 
     /// Deregisters a region; its key stops working at once.
@@ -383,8 +502,45 @@ mod tests {
         assert_eq!(k1 >> 8, k2 >> 8, "the slot is reused");
         assert_ne!(k1, k2);
         assert_eq!(t.get(k1).err(), Some(MrError::InvalidKey));
-        assert_eq!(t.get(k2).unwrap().slice(0, 8).unwrap(), &[2u8; 8]);
+        assert_eq!(t.get(k2).unwrap().to_vec(0, 8).unwrap(), [2u8; 8]);
         assert_eq!(t.deregister(k1).err(), Some(MrError::InvalidKey));
+    }
+
+    #[test]
+    fn a_key_chosen_elsewhere_is_installed_as_given() {
+        let (mut node, npd) = table();
+        let (mut lcore, lpd) = table();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let k1 = node.register(npd, 0, Box::new(vec![0u8; 8]), rw).unwrap();
+        let k2 = node
+            .register(npd, 0x100, Box::new(vec![0u8; 8]), rw)
+            .unwrap();
+        // Installed out of order on the lcore, as a node may.
+        lcore
+            .register_at(lpd, k2, 0x100, Box::new(vec![2u8; 8]), rw)
+            .unwrap();
+        lcore
+            .register_at(lpd, k1, 0, Box::new(vec![1u8; 8]), rw)
+            .unwrap();
+        assert_eq!(lcore.get(k2).unwrap().to_vec(0x100, 1).unwrap(), [2]);
+        assert_eq!(lcore.get(k1).unwrap().to_vec(0, 1).unwrap(), [1]);
+        assert_eq!(
+            lcore.register_at(lpd, k1, 0, Box::new(vec![0u8; 8]), rw),
+            Err(MrError::Busy)
+        );
+        assert_eq!(
+            lcore.register_at(
+                lpd,
+                3 << 8 | 1,
+                0,
+                Box::new(vec![0u8; 8]),
+                Access::REMOTE_WRITE
+            ),
+            Err(MrError::BadAccessFlags)
+        );
+        lcore.deregister(k1).unwrap();
+        assert_eq!(lcore.get(k1).err(), Some(MrError::InvalidKey));
+        assert_eq!(lcore.len(), 1);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! out as bytes through the wire code.
 
 use super::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
-use super::mr::{MrError, MrTable, PdHandle};
+use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
 use super::qp::{QpConfig, QpState};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
@@ -893,8 +893,7 @@ impl RcQp {
                 let b = self.bth(opcode, psn.add(next), false, false);
                 let ok = matches!(
                     self.emit(out, b, ext, n, |dst| {
-                        dst.copy_from_slice(mrs.get(rkey)?.slice(va + off as u64, n)?);
-                        Ok(())
+                        mrs.get(rkey)?.read(va + off as u64, dst)
                     }),
                     Some(Ok(()))
                 );
@@ -1153,11 +1152,8 @@ impl RcQp {
             let Some((rkey, va)) = self.write_cur else {
                 return;
             };
-            match mrs
-                .get_mut(rkey)
-                .and_then(|m| m.slice_mut(va, payload.len()))
-            {
-                Ok(dst) => dst.copy_from_slice(payload),
+            match mrs.get_mut(rkey).and_then(|m| m.write(va, payload)) {
+                Ok(()) => {}
                 Err(_) => {
                     self.push_ack(info.psn, Syndrome::Nak(NakCode::RemoteAccessError));
                     self.cfg.state = QpState::Err;
@@ -1202,17 +1198,17 @@ impl RcQp {
         } else if o.has(mask::ATOMIC) {
             self.counters.rx_atomic_requests += 1;
             let a = req.atomic.expect("checked");
-            let Ok(m) = mrs.get_mut(a.rkey) else { return };
-            let Ok(word) = m.slice_mut(a.va, 8) else {
+            let aop = if info.opcode == op::RC_CMP_SWAP {
+                AtomicOp::CompareSwap {
+                    compare: a.compare,
+                    swap: a.swap_add,
+                }
+            } else {
+                AtomicOp::FetchAdd(a.swap_add)
+            };
+            let Ok(orig) = mrs.get_mut(a.rkey).and_then(|m| m.atomic(a.va, aop)) else {
                 return;
             };
-            let orig = u64::from_le_bytes(word[..8].try_into().expect("8 bytes"));
-            let new = if info.opcode == op::RC_CMP_SWAP {
-                if orig == a.compare { a.swap_add } else { orig }
-            } else {
-                orig.wrapping_add(a.swap_add)
-            };
-            word.copy_from_slice(&new.to_le_bytes());
             if self.replay.is_full() {
                 self.replay.remove(0);
             }
@@ -1607,7 +1603,7 @@ fn scatter(
         if !r.access.contains(super::mr::Access::LOCAL_WRITE) {
             return Err(MrError::AccessDenied);
         }
-        r.slice_mut(s.addr + at, n)?.copy_from_slice(&data[..n]);
+        r.write(s.addr + at, &data[..n])?;
         data = &data[n..];
         at = 0;
     }

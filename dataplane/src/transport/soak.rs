@@ -292,9 +292,8 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                 .mrs
                 .get(mine.key)
                 .expect("key")
-                .slice(BASE + q as u64 * PER_QP + S_OFF + src, size as usize)
-                .expect("src")
-                .to_vec();
+                .to_vec(BASE + q as u64 * PER_QP + S_OFF + src, size as usize)
+                .expect("src");
             let remote = BASE + q as u64 * PER_QP + T_OFF + dst;
             let id = next_id;
             let overlaps_read = |start: u64, len: u64| {
@@ -569,7 +568,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         }
                         Expect::Done(_) => {}
                         Expect::Read { at, data } => {
-                            if mem.slice(k + at, data.len()).expect("sink") != &data[..] {
+                            if mem.to_vec(k + at, data.len()).expect("sink") != data[..] {
                                 fail(
                                     &mut report,
                                     format!(
@@ -583,7 +582,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         }
                         Expect::Atomic { at, orig, opcode } => {
                             let got = u64::from_le_bytes(
-                                mem.slice(k + at, 8).expect("sink").try_into().expect("8"),
+                                mem.to_vec(k + at, 8).expect("sink").try_into().expect("8"),
                             );
                             if got != *orig || c.opcode != *opcode {
                                 fail(
@@ -620,7 +619,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         && c.imm_data == r.imm
                         && (r.opcode != WcOpcode::Recv
                             || (c.byte_len as usize == r.data.len()
-                                && mem.slice(at, r.data.len()).expect("recv") == &r.data[..]));
+                                && mem.to_vec(at, r.data.len()).expect("recv") == r.data[..]));
                     if !ok {
                         fail(
                             &mut report,
@@ -655,9 +654,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         let mem = s.mrs.get(s.key).expect("key");
         for q in 0..n {
             if mem
-                .slice(BASE + q as u64 * PER_QP + T_OFF, AREA as usize)
+                .to_vec(BASE + q as u64 * PER_QP + T_OFF, AREA as usize)
                 .expect("area")
-                != &s.model[q][..]
+                != s.model[q][..]
             {
                 fail(
                     &mut report,

@@ -386,7 +386,7 @@ pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Res
         }
         let take = ((s.length as u64 - offset) as usize).min(out.len() - done);
         let r = mrs.get(s.lkey)?;
-        out[done..done + take].copy_from_slice(r.slice(s.addr + offset, take)?);
+        r.read(s.addr + offset, &mut out[done..done + take])?;
         done += take;
         offset = 0;
     }

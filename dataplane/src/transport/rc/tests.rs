@@ -172,9 +172,7 @@ fn sg(key: u32, addr: u64, len: u32) -> ArrayVec<Sge, 8> {
 fn set_word(n: &mut Node, va: u64, v: u64) {
     let key = n.key;
     let m = n.mrs.get_mut(key).unwrap();
-    m.slice_mut(va, 8)
-        .unwrap()
-        .copy_from_slice(&v.to_le_bytes());
+    m.write(va, &v.to_le_bytes()).unwrap();
 }
 
 /// A signaled fetch-and-add of `add` at `target` in `b`, the original landing at `dst` in `a`.
@@ -194,7 +192,7 @@ fn fetch_add(a: &Node, b: &Node, id: u64, target: u64, add: u64, dst: u64) -> Se
 }
 
 fn bytes(n: &Node, va: u64, len: usize) -> Vec<u8> {
-    n.mrs.get(n.key).unwrap().slice(va, len).unwrap().to_vec()
+    n.mrs.get(n.key).unwrap().to_vec(va, len).unwrap()
 }
 
 fn polled(cq: &mut CompletionQueue) -> Vec<WorkCompletion> {

@@ -1,0 +1,765 @@
+//! roced's REST API, versioned under `/v1`, on a thread of its own (never a dataplane lcore).
+//!
+//! Handlers parse and check the request whole, then run the operation on tokio's blocking
+//! pool, where [`Rdma`] sends commands to the lcores and waits for their replies. Errors are
+//! JSON, `{"code": "...", "message": "..."}`, with a 4xx status for the caller's mistakes and
+//! 5xx for the node's. Request bodies are JSON with unknown fields refused, except region data,
+//! which is raw bytes (`application/octet-stream`).
+
+use crate::rdma::{
+    ApiError, ConnectRequest, Rdma, access_names, parse_access, parse_gid, state_name,
+    wc_opcode_name, wc_status_name,
+};
+use arrayvec::ArrayVec;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dataplane::cc::{CcKind, DcqcnParams};
+use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairments};
+use dataplane::sim::Red;
+use dataplane::transport::cq::WorkCompletion;
+use dataplane::transport::qp::Mtu;
+use dataplane::transport::rc::QpCaps;
+use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the API serves from besides the RDMA objects.
+#[derive(Debug)]
+pub struct ApiState {
+    /// The node's RDMA objects.
+    pub rdma: Rdma,
+    /// Per port: its description and statistics, refreshed by the control loop.
+    pub ports: Mutex<Vec<Value>>,
+    /// Per port, one handle per lcore queue: the impairment stages.
+    pub impair: Vec<Vec<ImpairHandle>>,
+    /// Per lcore: the poll loop's counters (frames, drops by reason, ARP/ND, ...).
+    pub lcore_counters: Vec<Arc<dataplane::counters::LcoreCounters>>,
+    /// Per port: the impairments last set, per direction.
+    pub impair_cfg: Mutex<Vec<[Value; 2]>>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            axum::Json(json!({"code": self.code, "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+type Reply = Result<Response, ApiError>;
+
+fn ok(v: Value) -> Reply {
+    Ok(axum::Json(v).into_response())
+}
+
+fn created(v: Value) -> Reply {
+    Ok((StatusCode::CREATED, axum::Json(v)).into_response())
+}
+
+/// Parses a JSON body, refusing unknown fields with the serde message.
+fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ApiError> {
+    let b: &[u8] = if b.is_empty() { b"{}" } else { b };
+    serde_json::from_slice(b).map_err(|e| ApiError::bad("bad_body", format!("request body: {e}")))
+}
+
+/// A number given in decimal or as 0x-prefixed hex (keys and QPNs are often shown in hex).
+fn number(what: &str, s: &str) -> Result<u64, ApiError> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| ApiError::bad("bad_path", format!("{what} {s:?} is not a number")))
+}
+
+fn id32(what: &str, s: &str) -> Result<u32, ApiError> {
+    let n = number(what, s)?;
+    u32::try_from(n).map_err(|_| ApiError::bad("bad_path", format!("{what} {s} is too large")))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal("internal", format!("the operation failed: {e}")))?
+}
+
+/// The router for `state`.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/ports", get(ports))
+        .route("/v1/ports/{port}/impair", get(impair_show).put(impair_set))
+        .route("/v1/mrs", get(mr_list).post(mr_reg))
+        .route("/v1/mrs/{key}", get(mr_show).delete(mr_dereg))
+        .route("/v1/mrs/{key}/data", get(mr_read).put(mr_write))
+        .route("/v1/qps", get(qp_list).post(qp_create))
+        .route("/v1/qps/{qpn}", get(qp_show).delete(qp_destroy))
+        .route("/v1/qps/{qpn}/connect", post(qp_connect))
+        .route("/v1/qps/{qpn}/send", post(qp_send))
+        .route("/v1/qps/{qpn}/recv", post(qp_recv))
+        .route("/v1/qps/{qpn}/completions", get(qp_poll))
+        .route("/v1/qps/{qpn}/stream", post(qp_stream))
+        .route("/v1/stats", get(stats))
+        .fallback(|| async {
+            ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
+        })
+        .with_state(state)
+}
+
+async fn health(State(s): State<Arc<ApiState>>) -> Reply {
+    ok(json!({"status": "ok", "lcores": s.rdma.lcores()}))
+}
+
+async fn ports(State(s): State<Arc<ApiState>>) -> Reply {
+    ok(Value::Array(s.ports.lock().expect("ports").clone()))
+}
+
+// ---- impairments ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CongestionBody {
+    rate_gbps: f64,
+    buffer_kb: u64,
+    #[serde(default)]
+    kmin_kb: Option<u64>,
+    #[serde(default)]
+    kmax_kb: Option<u64>,
+    #[serde(default)]
+    pmax: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImpairBody {
+    direction: String,
+    #[serde(default)]
+    loss: f64,
+    #[serde(default)]
+    burst: Option<(f64, f64)>,
+    #[serde(default)]
+    corrupt: f64,
+    #[serde(default)]
+    duplicate: f64,
+    #[serde(default)]
+    reorder: f64,
+    #[serde(default)]
+    reorder_delay_us: Option<f64>,
+    #[serde(default)]
+    congestion: Option<CongestionBody>,
+}
+
+fn port_index(s: &ApiState, p: &str) -> Result<usize, ApiError> {
+    let i = number("port", p)? as usize;
+    if i >= s.impair.len() {
+        return Err(ApiError::not_found(format!(
+            "no port {i}: this node has {} port(s)",
+            s.impair.len()
+        )));
+    }
+    Ok(i)
+}
+
+async fn impair_set(State(s): State<Arc<ApiState>>, Path(p): Path<String>, b: Bytes) -> Reply {
+    let port = port_index(&s, &p)?;
+    let raw: Value = body(&b)?;
+    let b: ImpairBody = body(&b)?;
+    let dir = match b.direction.as_str() {
+        "rx" => Direction::Rx,
+        "tx" => Direction::Tx,
+        d => {
+            return Err(ApiError::bad(
+                "bad_body",
+                format!("direction must be \"rx\" or \"tx\", not {d:?}"),
+            ));
+        }
+    };
+    let congestion = match &b.congestion {
+        None => None,
+        Some(c) => {
+            if !(c.rate_gbps > 0.0 && c.rate_gbps.is_finite()) {
+                return Err(ApiError::bad(
+                    "bad_body",
+                    "congestion.rate_gbps must be positive",
+                ));
+            }
+            let red = match (c.kmin_kb, c.kmax_kb) {
+                (Some(kmin), Some(kmax)) => Some(Red {
+                    kmin: kmin * 1000,
+                    kmax: kmax * 1000,
+                    pmax: c.pmax.unwrap_or(0.2),
+                }),
+                (None, None) => None,
+                _ => {
+                    return Err(ApiError::bad(
+                        "bad_body",
+                        "congestion needs both kmin_kb and kmax_kb, or neither",
+                    ));
+                }
+            };
+            Some(CongestionPoint {
+                rate_bps: (c.rate_gbps * 1e9) as u64,
+                buffer_bytes: c.buffer_kb * 1000,
+                red,
+            })
+        }
+    };
+    let delay = b.reorder_delay_us.unwrap_or(20.0);
+    if !(delay >= 0.0 && delay.is_finite()) {
+        return Err(ApiError::bad("bad_body", "reorder_delay_us must be >= 0"));
+    }
+    let imp = Impairments {
+        loss: b.loss,
+        burst: b.burst,
+        corrupt: b.corrupt,
+        duplicate: b.duplicate,
+        reorder: b.reorder,
+        reorder_delay: Duration::from_secs_f64(delay / 1e6),
+        congestion,
+    };
+    imp.validate().map_err(|f| {
+        ApiError::bad(
+            "bad_body",
+            format!("impairment field `{f}` is out of range"),
+        )
+    })?;
+    for h in &s.impair[port] {
+        h.set(dir, imp)
+            .map_err(|e| ApiError::internal("lcore_unavailable", e))?;
+    }
+    s.impair_cfg.lock().expect("impair cfg")[port][dir as usize] = raw.clone();
+    ok(raw)
+}
+
+async fn impair_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
+    let port = port_index(&s, &p)?;
+    let cfg = s.impair_cfg.lock().expect("impair cfg")[port].clone();
+    let mut dirs = serde_json::Map::new();
+    for (name, d, c) in [("rx", 0usize, &cfg[0]), ("tx", 1, &cfg[1])] {
+        let mut t: HashMap<&str, u64> = HashMap::new();
+        for h in &s.impair[port] {
+            let st = if d == 0 { &h.stats.rx } else { &h.stats.tx };
+            for (k, v) in [
+                ("lost", st.lost.get()),
+                ("corrupted", st.corrupted.get()),
+                ("duplicated", st.duplicated.get()),
+                ("reordered", st.reordered.get()),
+                ("ce_marked", st.ce_marked.get()),
+                ("cp_dropped", st.cp_dropped.get()),
+                ("cp_queue_bytes", st.cp_queue_bytes.get()),
+                ("cp_max_bytes", st.cp_max_bytes.get()),
+            ] {
+                *t.entry(k).or_default() += v;
+            }
+        }
+        dirs.insert(name.into(), json!({"settings": c, "counters": t}));
+    }
+    ok(Value::Object(dirs))
+}
+
+// ---- memory regions ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MrBody {
+    length: u64,
+    #[serde(default)]
+    access: Vec<String>,
+    #[serde(default)]
+    addr: Option<u64>,
+}
+
+async fn mr_reg(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: MrBody = body(&b)?;
+    let access = parse_access(&b.access)?;
+    let len = usize::try_from(b.length)
+        .map_err(|_| ApiError::bad("bad_length", "length is too large"))?;
+    let info = blocking(move || s.rdma.reg_mr(len, access, b.addr)).await?;
+    created(json!(info))
+}
+
+async fn mr_list(State(s): State<Arc<ApiState>>) -> Reply {
+    ok(json!(s.rdma.list_mrs()))
+}
+
+async fn mr_show(State(s): State<Arc<ApiState>>, Path(k): Path<String>) -> Reply {
+    ok(json!(s.rdma.show_mr(id32("key", &k)?)?))
+}
+
+async fn mr_dereg(State(s): State<Arc<ApiState>>, Path(k): Path<String>) -> Reply {
+    let key = id32("key", &k)?;
+    blocking(move || s.rdma.dereg_mr(key)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DataQuery {
+    #[serde(default)]
+    addr: Option<u64>,
+    #[serde(default)]
+    length: Option<u64>,
+}
+
+async fn mr_read(
+    State(s): State<Arc<ApiState>>,
+    Path(k): Path<String>,
+    Query(q): Query<DataQuery>,
+) -> Reply {
+    let key = id32("key", &k)?;
+    let info = s.rdma.show_mr(key)?;
+    let addr = q.addr.unwrap_or(info.addr);
+    let len = q.length.unwrap_or(info.length as u64) as usize;
+    let data = blocking(move || s.rdma.read_mr(key, addr, len)).await?;
+    let mut r = data.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(r)
+}
+
+async fn mr_write(
+    State(s): State<Arc<ApiState>>,
+    Path(k): Path<String>,
+    Query(q): Query<DataQuery>,
+    b: Bytes,
+) -> Reply {
+    let key = id32("key", &k)?;
+    let info = s.rdma.show_mr(key)?;
+    if q.length.is_some_and(|l| l != b.len() as u64) {
+        return Err(ApiError::bad(
+            "bad_length",
+            "length, when given, must equal the body's size",
+        ));
+    }
+    let addr = q.addr.unwrap_or(info.addr);
+    let n = b.len();
+    blocking(move || s.rdma.write_mr(key, addr, &b)).await?;
+    ok(json!({"written": n, "addr": addr}))
+}
+
+// ---- queue pairs ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QpBody {
+    #[serde(default)]
+    lcore: Option<usize>,
+    #[serde(default)]
+    max_send_wr: Option<u32>,
+    #[serde(default)]
+    max_recv_wr: Option<u32>,
+    #[serde(default)]
+    max_send_sge: Option<u32>,
+    #[serde(default)]
+    max_recv_sge: Option<u32>,
+    #[serde(default)]
+    cc: Option<String>,
+}
+
+async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: QpBody = body(&b)?;
+    let d = QpCaps::default();
+    let caps = QpCaps {
+        max_send_wr: b.max_send_wr.unwrap_or(d.max_send_wr),
+        max_recv_wr: b.max_recv_wr.unwrap_or(d.max_recv_wr),
+        max_send_sge: b.max_send_sge.unwrap_or(d.max_send_sge),
+        max_recv_sge: b.max_recv_sge.unwrap_or(d.max_recv_sge),
+        max_inline_data: 0,
+    };
+    let cc: CcKind =
+        b.cc.as_deref()
+            .unwrap_or("dcqcn")
+            .parse()
+            .map_err(|e: &str| ApiError::bad("bad_cc", e))?;
+    let (qpn, lcore) =
+        blocking(move || s.rdma.create_qp(b.lcore, caps, cc, DcqcnParams::nvidia())).await?;
+    created(json!({"qpn": qpn, "lcore": lcore, "type": "RC", "state": "RESET"}))
+}
+
+fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> Value {
+    let c = &q.cfg;
+    let counters: serde_json::Map<String, Value> = q
+        .counters
+        .named()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    json!({
+        "lqpn": qpn, "rqpn": c.dest_qp, "type": "RC", "state": state_name(c.state),
+        "rq-psn": c.rq_psn.value(), "sq-psn": c.sq_psn.value(), "pdn": 0, "lcore": lcore, "port": q.port,
+        "path-mtu": c.path_mtu.map(|m| m.bytes()),
+        "remote-gid": c.path.map(|p| p.remote_ip.to_string()),
+        "local-gid": c.path.map(|p| p.local_ip.to_string()),
+        "udp-sport": c.path.map(|p| p.udp_sport),
+        "timeout": c.timeout, "retry-cnt": c.retry_cnt, "rnr-retry": c.rnr_retry,
+        "max-rd-atomic": c.max_rd_atomic, "max-dest-rd-atomic": c.max_dest_rd_atomic,
+        "access": access_names(c.access),
+        "caps": {"max_send_wr": q.caps.max_send_wr, "max_recv_wr": q.caps.max_recv_wr,
+                 "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge},
+        "counters": counters,
+    })
+}
+
+async fn qp_list(State(s): State<Arc<ApiState>>) -> Reply {
+    let v = blocking(move || {
+        let mut v = Vec::new();
+        for qpn in s.rdma.qpns() {
+            // A QP destroyed meanwhile is simply not listed.
+            if let Ok((l, q)) = s.rdma.query_qp(qpn) {
+                v.push(qp_json(l, &q, qpn));
+            }
+        }
+        Ok(v)
+    })
+    .await?;
+    ok(Value::Array(v))
+}
+
+async fn qp_show(State(s): State<Arc<ApiState>>, Path(q): Path<String>) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let (l, q) = blocking(move || s.rdma.query_qp(qpn)).await?;
+    ok(qp_json(l, &q, qpn))
+}
+
+async fn qp_destroy(State(s): State<Arc<ApiState>>, Path(q): Path<String>) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    blocking(move || s.rdma.destroy_qp(qpn)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn default_access() -> Vec<String> {
+    ["remote-write", "remote-read", "remote-atomic"]
+        .map(String::from)
+        .to_vec()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectBody {
+    remote_qpn: u32,
+    remote_gid: String,
+    #[serde(default)]
+    remote_psn: u32,
+    #[serde(default)]
+    local_psn: u32,
+    #[serde(default)]
+    mtu: Option<u32>,
+    #[serde(default)]
+    timeout: Option<u8>,
+    #[serde(default)]
+    retry_cnt: Option<u8>,
+    #[serde(default)]
+    rnr_retry: Option<u8>,
+    #[serde(default)]
+    min_rnr_timer: Option<u8>,
+    #[serde(default)]
+    max_rd_atomic: Option<u8>,
+    #[serde(default = "default_access")]
+    access: Vec<String>,
+    #[serde(default)]
+    dscp: Option<u8>,
+}
+
+async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: ConnectBody = body(&b)?;
+    let mtu_bytes = b.mtu.unwrap_or(1024);
+    let mtu = Mtu::from_bytes(mtu_bytes).ok_or_else(|| {
+        ApiError::bad(
+            "bad_attr",
+            format!("mtu must be 256, 512, 1024, 2048 or 4096, not {mtu_bytes}"),
+        )
+    })?;
+    let check = |name: &str, v: Option<u8>, max: u8, def: u8| -> Result<u8, ApiError> {
+        match v {
+            Some(x) if x > max => Err(ApiError::bad(
+                "bad_attr",
+                format!("{name} must be 0 to {max}"),
+            )),
+            Some(x) => Ok(x),
+            None => Ok(def),
+        }
+    };
+    let r = ConnectRequest {
+        remote_qpn: b.remote_qpn,
+        remote_gid: parse_gid(&b.remote_gid)?,
+        remote_psn: b.remote_psn,
+        local_psn: b.local_psn,
+        mtu,
+        timeout: check("timeout", b.timeout, 31, 14)?,
+        retry_cnt: check("retry_cnt", b.retry_cnt, 7, 7)?,
+        rnr_retry: check("rnr_retry", b.rnr_retry, 7, 7)?,
+        min_rnr_timer: check("min_rnr_timer", b.min_rnr_timer, 31, 1)?,
+        max_rd_atomic: check("max_rd_atomic", b.max_rd_atomic, 16, 16)?,
+        access: parse_access(&b.access)?,
+        dscp: check("dscp", b.dscp, 63, 26)?,
+    };
+    blocking(move || {
+        s.rdma.connect_qp(qpn, &r)?;
+        s.rdma.query_qp(qpn)
+    })
+    .await
+    .and_then(|(l, q)| ok(qp_json(l, &q, qpn)))
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct SgeBody {
+    addr: u64,
+    length: u32,
+    lkey: u32,
+}
+
+fn sg_list(v: &[SgeBody]) -> Result<ArrayVec<Sge, MAX_SGE>, ApiError> {
+    if v.len() > MAX_SGE {
+        return Err(ApiError::bad(
+            "bad_wr",
+            format!("at most {MAX_SGE} SG entries"),
+        ));
+    }
+    Ok(v.iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendBody {
+    opcode: String,
+    #[serde(default)]
+    wr_id: u64,
+    #[serde(default)]
+    sge: Vec<SgeBody>,
+    #[serde(default)]
+    remote_addr: Option<u64>,
+    #[serde(default)]
+    rkey: Option<u32>,
+    #[serde(default)]
+    imm: Option<u32>,
+    #[serde(default)]
+    compare: Option<u64>,
+    #[serde(default)]
+    swap: Option<u64>,
+    #[serde(default)]
+    add: Option<u64>,
+    #[serde(default = "yes")]
+    signaled: bool,
+    #[serde(default)]
+    solicited: bool,
+    #[serde(default)]
+    fence: bool,
+    // For the stream endpoint only.
+    #[serde(default)]
+    count: Option<u64>,
+    #[serde(default)]
+    depth: Option<usize>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The opcodes a send work request may have, as the API spells them.
+pub const OPCODES: [&str; 8] = [
+    "send",
+    "send-imm",
+    "send-inv",
+    "write",
+    "write-imm",
+    "read",
+    "cmp-swap",
+    "fetch-add",
+];
+
+fn send_wr(b: &SendBody) -> Result<SendWr, ApiError> {
+    let need = |name: &str, v: Option<u64>| {
+        v.ok_or_else(|| ApiError::bad("bad_wr", format!("opcode {} needs {name}", b.opcode)))
+    };
+    let remote = || -> Result<(u64, u32), ApiError> {
+        Ok((
+            need("remote_addr", b.remote_addr)?,
+            need("rkey", b.rkey.map(u64::from))? as u32,
+        ))
+    };
+    let op = match b.opcode.as_str() {
+        "send" => SendOp::Send,
+        "send-imm" => SendOp::SendWithImm(need("imm", b.imm.map(u64::from))? as u32),
+        "send-inv" => SendOp::SendWithInv(need("rkey", b.rkey.map(u64::from))? as u32),
+        "write" => {
+            let (remote_addr, rkey) = remote()?;
+            SendOp::Write { remote_addr, rkey }
+        }
+        "write-imm" => {
+            let (remote_addr, rkey) = remote()?;
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm: need("imm", b.imm.map(u64::from))? as u32,
+            }
+        }
+        "read" => {
+            let (remote_addr, rkey) = remote()?;
+            SendOp::Read { remote_addr, rkey }
+        }
+        "cmp-swap" => {
+            let (remote_addr, rkey) = remote()?;
+            SendOp::CmpSwap {
+                remote_addr,
+                rkey,
+                compare: need("compare", b.compare)?,
+                swap: need("swap", b.swap)?,
+            }
+        }
+        "fetch-add" => {
+            let (remote_addr, rkey) = remote()?;
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: need("add", b.add)?,
+            }
+        }
+        o => {
+            return Err(ApiError::bad(
+                "bad_wr",
+                format!("unknown opcode {o:?}: use one of {}", OPCODES.join(", ")),
+            ));
+        }
+    };
+    Ok(SendWr {
+        wr_id: b.wr_id,
+        op,
+        sg: sg_list(&b.sge)?,
+        signaled: b.signaled,
+        solicited: b.solicited,
+        fence: b.fence,
+    })
+}
+
+async fn qp_send(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: SendBody = body(&b)?;
+    if b.count.is_some() || b.depth.is_some() || b.timeout_ms.is_some() {
+        return Err(ApiError::bad(
+            "bad_wr",
+            "count, depth and timeout_ms belong to /stream",
+        ));
+    }
+    let wr = send_wr(&b)?;
+    blocking(move || s.rdma.post_send(qpn, wr)).await?;
+    ok(json!({"posted": true, "wr_id": b.wr_id}))
+}
+
+async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: SendBody = body(&b)?;
+    let wr = send_wr(&b)?;
+    let count = b.count.unwrap_or(1000);
+    let depth = b.depth.unwrap_or(64).max(1);
+    let wait = Duration::from_millis(b.timeout_ms.unwrap_or(60_000));
+    let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, wait)).await?;
+    ok(json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecvBody {
+    #[serde(default)]
+    wr_id: u64,
+    #[serde(default)]
+    sge: Vec<SgeBody>,
+}
+
+async fn qp_recv(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: RecvBody = body(&b)?;
+    let wr = RecvWr {
+        wr_id: b.wr_id,
+        sg: sg_list(&b.sge)?,
+    };
+    blocking(move || s.rdma.post_recv(qpn, wr)).await?;
+    ok(json!({"posted": true, "wr_id": b.wr_id}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollQuery {
+    #[serde(default)]
+    max: Option<usize>,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+fn wc_json(c: &WorkCompletion) -> Value {
+    json!({"wr_id": c.wr_id, "status": wc_status_name(c.status),
+           "opcode": wc_opcode_name(c.opcode), "byte_len": c.byte_len,
+           "imm_data": c.imm_data, "invalidated_rkey": c.invalidated_rkey, "qp_num": c.qp_num})
+}
+
+async fn qp_poll(
+    State(s): State<Arc<ApiState>>,
+    Path(q): Path<String>,
+    Query(p): Query<PollQuery>,
+) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let max = p.max.unwrap_or(16).clamp(1, 4096);
+    let wait = Duration::from_millis(p.wait_ms.unwrap_or(0).min(30_000));
+    let (sc, rc) = blocking(move || s.rdma.poll_cq(qpn, max, wait)).await?;
+    ok(json!({"send": sc.iter().map(wc_json).collect::<Vec<_>>(),
+              "recv": rc.iter().map(wc_json).collect::<Vec<_>>()}))
+}
+
+async fn stats(State(s): State<Arc<ApiState>>) -> Reply {
+    let s2 = s.clone();
+    let c = blocking(move || s.rdma.counters()).await?;
+    let lcores: Vec<Value> = c
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let mut m: serde_json::Map<String, Value> =
+                h.qp.named()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect();
+            m.insert("handoffs".into(), json!(h.handoffs));
+            m.insert("handoff_drops".into(), json!(h.handoff_drops));
+            if let Some(lc) = s2.lcore_counters.get(i) {
+                for (k, v) in lc.snapshot() {
+                    m.insert(k.to_string(), json!(v));
+                }
+            }
+            json!({"lcore": i, "counters": m})
+        })
+        .collect();
+    ok(json!({"lcores": lcores}))
+}
+
+/// Serves the API on `listener` until `stop` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(stop)
+        .await
+}

@@ -1,0 +1,701 @@
+//! The node's RDMA objects as the control plane keeps them: memory regions registered
+//! node-wide (one hugepage buffer, the same key on every lcore), QPs placed on lcores, GIDs
+//! resolved to paths. The REST API (and applications in the process) call this; it talks to
+//! the lcores over their command channels and waits for their replies, never on an lcore.
+//!
+//! Each operation is applied whole or not at all: a region that one lcore refuses is taken
+//! back from the others, a QP whose connect fails stays where it was.
+
+use crossbeam_channel::{Sender, bounded};
+use dataplane::appliance::ApplianceCommand;
+use dataplane::cc::{CcKind, DcqcnParams};
+use dataplane::lcore::Command;
+use dataplane::mem::SharedMem;
+use dataplane::net::NetStack;
+use dataplane::port::MacAddr;
+use dataplane::transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult};
+use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
+use dataplane::transport::qp::{Mtu, Path, QpState};
+use dataplane::transport::rc::{Connect, QpCaps};
+use dataplane::transport::wr::{RecvWr, SendWr};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the control plane waits for an lcore's answer.
+const LCORE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connect waits for the remote GID's MAC.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest region one registration may ask for.
+pub const MAX_MR_BYTES: usize = 1 << 30;
+
+/// Why an operation was refused; `status` is the HTTP status the API answers with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl ApiError {
+    /// 400: the request itself is wrong.
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            code,
+            message: message.into(),
+        }
+    }
+    /// 404: no such object.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        ApiError {
+            status: 404,
+            code: "not_found",
+            message: what.into(),
+        }
+    }
+    /// 409: the object's state does not allow it.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 409,
+            code,
+            message: message.into(),
+        }
+    }
+    /// 503/500: the node could not do it.
+    pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: if code == "lcore_unavailable" {
+                503
+            } else {
+                500
+            },
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+fn mr_error(e: MrError) -> ApiError {
+    match e {
+        MrError::InvalidKey => ApiError::not_found("no memory region with that key"),
+        MrError::OutOfBounds => ApiError::bad("out_of_bounds", "the range is outside the region"),
+        MrError::BadAccessFlags => ApiError::bad(
+            "bad_access",
+            "remote-write and remote-atomic access need local-write",
+        ),
+        MrError::TooMany => ApiError::conflict("too_many", "too many memory regions"),
+        other => ApiError::bad("mr", other.to_string()),
+    }
+}
+
+/// A registered region as the node lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MrInfo {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (the same).
+    pub rkey: u32,
+    /// Virtual address the region answers to.
+    pub addr: u64,
+    /// Bytes.
+    pub length: usize,
+    /// Rights, as names.
+    pub access: Vec<&'static str>,
+    /// Backed by DPDK hugepages.
+    pub hugepage: bool,
+    /// Protection domain.
+    pub pdn: u32,
+}
+
+/// Access flag names, in the spelling of `rdma` and `ibv_access_flags`.
+pub const ACCESS_NAMES: [(&str, Access); 4] = [
+    ("local-write", Access::LOCAL_WRITE),
+    ("remote-write", Access::REMOTE_WRITE),
+    ("remote-read", Access::REMOTE_READ),
+    ("remote-atomic", Access::REMOTE_ATOMIC),
+];
+
+/// Parses access names into flags; the error names the bad one.
+pub fn parse_access(names: &[String]) -> Result<Access, ApiError> {
+    let mut a = Access::NONE;
+    for n in names {
+        let Some((_, f)) = ACCESS_NAMES.iter().find(|(k, _)| k == n) else {
+            return Err(ApiError::bad(
+                "bad_access",
+                format!(
+                    "unknown access {n:?}: use {}",
+                    ACCESS_NAMES.map(|(k, _)| k).join(", ")
+                ),
+            ));
+        };
+        a = a | *f;
+    }
+    Ok(a)
+}
+
+/// Names of the flags set in `a`.
+pub fn access_names(a: Access) -> Vec<&'static str> {
+    ACCESS_NAMES
+        .iter()
+        .filter(|(_, f)| a.contains(*f))
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+struct MrEntry {
+    info: MrInfo,
+}
+
+struct Mrs {
+    table: MrTable,
+    pd: PdHandle,
+    meta: BTreeMap<u32, MrEntry>,
+}
+
+/// What connecting a QP needs to know of its peer.
+#[derive(Clone, Debug)]
+pub struct ConnectRequest {
+    /// The remote QP number.
+    pub remote_qpn: u32,
+    /// The remote GID (IPv4, IPv4-mapped IPv6, or IPv6).
+    pub remote_gid: IpAddr,
+    /// First PSN the remote sends (our rq_psn).
+    pub remote_psn: u32,
+    /// First PSN we send (our sq_psn).
+    pub local_psn: u32,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout code (4.096 us * 2^timeout).
+    pub timeout: u8,
+    /// Retries (0-7).
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code we send.
+    pub min_rnr_timer: u8,
+    /// READs/atomics outstanding at most, each way.
+    pub max_rd_atomic: u8,
+    /// Remote access the QP allows.
+    pub access: Access,
+    /// DSCP of its packets.
+    pub dscp: u8,
+}
+
+/// Where a GID is reached: port, our address there, the next hop's MAC, the port's VLAN.
+type Resolved = (usize, IpAddr, MacAddr, Option<(u16, u8)>);
+
+#[derive(Clone, Debug)]
+struct QpMeta {
+    lcore: usize,
+}
+
+/// The node's RDMA objects.
+pub struct Rdma {
+    lcores: Vec<Sender<Command<ApplianceCommand>>>,
+    alloc: Box<dyn Fn(usize) -> Result<SharedMem, String> + Send + Sync>,
+    mrs: Mutex<Mrs>,
+    qps: Mutex<BTreeMap<u32, QpMeta>>,
+    neigh: Mutex<HashMap<(usize, IpAddr), MacAddr>>,
+    resolved: Condvar,
+    routes: Mutex<NetStack<Vec<u8>>>,
+    macs: Vec<MacAddr>,
+    line_bps: f64,
+}
+
+impl core::fmt::Debug for Rdma {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Rdma")
+            .field("lcores", &self.lcores.len())
+            .finish()
+    }
+}
+
+/// Parses a GID: IPv4, IPv6, or IPv4-mapped IPv6 (which means the IPv4 address).
+pub fn parse_gid(s: &str) -> Result<IpAddr, ApiError> {
+    s.parse::<IpAddr>()
+        .map(|a| a.to_canonical())
+        .map_err(|_| ApiError::bad("bad_gid", format!("{s:?} is not an IPv4 or IPv6 GID")))
+}
+
+/// The UDP source port of a QP's packets, as Linux picks it (0xC000 | 14 bits of a hash of
+/// the QPN pair), so flows of different QPs spread over ECMP paths and RSS queues.
+pub fn udp_sport(lqpn: u32, rqpn: u32) -> u16 {
+    let mut h = (lqpn as u64) << 32 | rqpn as u64;
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    0xC000 | (h as u16 & 0x3fff)
+}
+
+impl Rdma {
+    /// The service for these lcores. `alloc` gives zeroed region memory (hugepages on a
+    /// node); `net` is the node's IP configuration (for routes and source addresses), `macs`
+    /// its ports' MACs, `line_bps` the rate DCQCN starts QPs at.
+    pub fn new(
+        lcores: Vec<Sender<Command<ApplianceCommand>>>,
+        alloc: Box<dyn Fn(usize) -> Result<SharedMem, String> + Send + Sync>,
+        net: &dataplane::net::NetConfig,
+        macs: Vec<MacAddr>,
+        line_bps: f64,
+    ) -> Self {
+        let mut table = MrTable::new();
+        let pd = table.alloc_pd();
+        Rdma {
+            lcores,
+            alloc,
+            mrs: Mutex::new(Mrs {
+                table,
+                pd,
+                meta: BTreeMap::new(),
+            }),
+            qps: Mutex::new(BTreeMap::new()),
+            neigh: Mutex::new(HashMap::new()),
+            resolved: Condvar::new(),
+            routes: Mutex::new(NetStack::new(net, &macs, None)),
+            macs,
+            line_bps,
+        }
+    }
+
+    /// Number of worker lcores.
+    pub fn lcores(&self) -> usize {
+        self.lcores.len()
+    }
+
+    /// Records a neighbour an lcore resolved.
+    pub fn neighbor_resolved(&self, port: usize, ip: IpAddr, mac: MacAddr) {
+        self.neigh
+            .lock()
+            .expect("neighbour table")
+            .insert((port, ip), mac);
+        self.resolved.notify_all();
+    }
+
+    fn ask<T>(
+        &self,
+        lcore: usize,
+        make: impl FnOnce(Sender<T>) -> RdmaCommand,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = bounded(1);
+        self.lcores[lcore]
+            .send(Command::Handler(ApplianceCommand::Rdma(make(tx))))
+            .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
+        rx.recv_timeout(LCORE_TIMEOUT).map_err(|_| {
+            ApiError::internal(
+                "lcore_unavailable",
+                format!("lcore {lcore} did not answer in {LCORE_TIMEOUT:?}"),
+            )
+        })
+    }
+
+    // ---- memory regions ----
+
+    /// Registers `length` zeroed bytes with `access`, at `addr` or at the memory's own
+    /// address, on every lcore.
+    pub fn reg_mr(
+        &self,
+        length: usize,
+        access: Access,
+        addr: Option<u64>,
+    ) -> Result<MrInfo, ApiError> {
+        if length == 0 || length > MAX_MR_BYTES {
+            return Err(ApiError::bad(
+                "bad_length",
+                format!("length must be 1 to {MAX_MR_BYTES} bytes, not {length}"),
+            ));
+        }
+        let mem = (self.alloc)(length).map_err(|e| ApiError::internal("no_memory", e))?;
+        let va = addr.unwrap_or(mem.addr());
+        let mut mrs = self.mrs.lock().expect("mr table");
+        let pd = mrs.pd;
+        let key = mrs
+            .table
+            .register(pd, va, Box::new(mem.clone()), access)
+            .map_err(mr_error)?;
+        let mut done = Vec::new();
+        for l in 0..self.lcores.len() {
+            let r = self
+                .ask(l, |reply| RdmaCommand::RegShared {
+                    key,
+                    va,
+                    access,
+                    mem: mem.clone(),
+                    reply,
+                })
+                .and_then(|r| r.map_err(mr_error));
+            if let Err(err) = r {
+                for d in done {
+                    let _ = self.ask(d, |reply| RdmaCommand::DeregMr { key, reply });
+                }
+                let _ = mrs.table.deregister(key);
+                return Err(err);
+            }
+            done.push(l);
+        }
+        let info = MrInfo {
+            lkey: key,
+            rkey: key,
+            addr: va,
+            length,
+            access: access_names(access),
+            hugepage: mem.is_hugepage(),
+            pdn: pd.0,
+        };
+        mrs.meta.insert(key, MrEntry { info: info.clone() });
+        Ok(info)
+    }
+
+    /// Every region.
+    pub fn list_mrs(&self) -> Vec<MrInfo> {
+        let mrs = self.mrs.lock().expect("mr table");
+        mrs.meta.values().map(|e| e.info.clone()).collect()
+    }
+
+    /// One region.
+    pub fn show_mr(&self, key: u32) -> Result<MrInfo, ApiError> {
+        let mrs = self.mrs.lock().expect("mr table");
+        mrs.meta
+            .get(&key)
+            .map(|e| e.info.clone())
+            .ok_or_else(|| ApiError::not_found(format!("no memory region with key {key:#x}")))
+    }
+
+    /// Deregisters a region on every lcore.
+    pub fn dereg_mr(&self, key: u32) -> Result<(), ApiError> {
+        let mut mrs = self.mrs.lock().expect("mr table");
+        if !mrs.meta.contains_key(&key) {
+            return Err(ApiError::not_found(format!(
+                "no memory region with key {key:#x}"
+            )));
+        }
+        for l in 0..self.lcores.len() {
+            // An lcore that lost the region already is fine: the goal is that none has it.
+            let _ = self.ask(l, |reply| RdmaCommand::DeregMr { key, reply })?;
+        }
+        let _ = mrs.table.deregister(key);
+        mrs.meta.remove(&key);
+        Ok(())
+    }
+
+    /// Reads `len` bytes of a region at `addr` (its own address space).
+    pub fn read_mr(&self, key: u32, addr: u64, len: usize) -> Result<Vec<u8>, ApiError> {
+        if len > MAX_MR_BYTES {
+            return Err(ApiError::bad("bad_length", "too many bytes at once"));
+        }
+        let mrs = self.mrs.lock().expect("mr table");
+        mrs.table
+            .get(key)
+            .and_then(|m| m.to_vec(addr, len))
+            .map_err(mr_error)
+    }
+
+    /// Writes bytes into a region at `addr`.
+    pub fn write_mr(&self, key: u32, addr: u64, data: &[u8]) -> Result<(), ApiError> {
+        let mut mrs = self.mrs.lock().expect("mr table");
+        mrs.table
+            .get_mut(key)
+            .and_then(|m| m.write(addr, data))
+            .map_err(mr_error)
+    }
+
+    // ---- queue pairs ----
+
+    /// Creates an RC QP in RESET on `lcore` (or the lcore with fewest QPs).
+    pub fn create_qp(
+        &self,
+        lcore: Option<usize>,
+        caps: QpCaps,
+        cc: CcKind,
+        params: DcqcnParams,
+    ) -> Result<(u32, usize), ApiError> {
+        params
+            .validate()
+            .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
+        let mut qps = self.qps.lock().expect("qp table");
+        let lcore = match lcore {
+            Some(l) if l >= self.lcores.len() => {
+                return Err(ApiError::bad(
+                    "bad_lcore",
+                    format!(
+                        "lcore {l} does not exist: this node has 0 to {}",
+                        self.lcores.len() - 1
+                    ),
+                ));
+            }
+            Some(l) => l,
+            None => {
+                let mut count = vec![0usize; self.lcores.len()];
+                for m in qps.values() {
+                    count[m.lcore] += 1;
+                }
+                (0..count.len()).min_by_key(|&l| count[l]).unwrap_or(0)
+            }
+        };
+        let qpn = self
+            .ask(lcore, |reply| RdmaCommand::CreateQp {
+                caps,
+                cc,
+                params,
+                reply,
+            })?
+            .map_err(|e| ApiError::bad("bad_caps", e.to_string()))?;
+        qps.insert(qpn, QpMeta { lcore });
+        Ok((qpn, lcore))
+    }
+
+    fn lcore_of(&self, qpn: u32) -> Result<usize, ApiError> {
+        self.qps
+            .lock()
+            .expect("qp table")
+            .get(&qpn)
+            .map(|m| m.lcore)
+            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))
+    }
+
+    /// Every QP's number.
+    pub fn qpns(&self) -> Vec<u32> {
+        self.qps.lock().expect("qp table").keys().copied().collect()
+    }
+
+    /// A QP's attributes and counters.
+    pub fn query_qp(&self, qpn: u32) -> Result<(usize, QpQuery), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        let q = self
+            .ask(l, |reply| RdmaCommand::Query { qpn, reply })?
+            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
+        Ok((l, q))
+    }
+
+    /// Destroys a QP.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, |reply| RdmaCommand::DestroyQp { qpn, reply })?;
+        self.qps.lock().expect("qp table").remove(&qpn);
+        Ok(())
+    }
+
+    /// Port, source address, next hop's MAC and VLAN towards `gid`, resolving the next hop
+    /// if needed.
+    fn resolve(&self, gid: IpAddr) -> Result<Resolved, ApiError> {
+        let (port, hop, local, vlan) = {
+            let r = self.routes.lock().expect("routes");
+            let (port, hop) = r.route(gid, None).ok_or_else(|| {
+                ApiError::bad(
+                    "no_route",
+                    format!(
+                        "no port or route reaches {gid}: check the ports' addresses and [[routes]]"
+                    ),
+                )
+            })?;
+            let local = r.source_ip(port, gid).ok_or_else(|| {
+                ApiError::bad(
+                    "no_source",
+                    format!(
+                        "port {port} has no {} address",
+                        if gid.is_ipv4() { "IPv4" } else { "IPv6" }
+                    ),
+                )
+            })?;
+            (port, hop, local, r.vlan(port))
+        };
+        let deadline = Instant::now() + RESOLVE_TIMEOUT;
+        let mut asked = false;
+        let mut n = self.neigh.lock().expect("neighbour table");
+        loop {
+            if let Some(mac) = n.get(&(port, hop)) {
+                return Ok((port, local, *mac, vlan));
+            }
+            if !asked {
+                asked = true;
+                let _ = self.lcores[0].send(Command::Handler(ApplianceCommand::Net(
+                    dataplane::net::NetCommand::Resolve { dst: gid },
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ApiError::conflict(
+                    "unresolved",
+                    format!(
+                        "{hop} (next hop to {gid}) did not answer ARP/ND in {RESOLVE_TIMEOUT:?}"
+                    ),
+                ));
+            }
+            n = self
+                .resolved
+                .wait_timeout(n, deadline - now)
+                .expect("neighbour table")
+                .0;
+        }
+    }
+
+    /// Takes a QP from RESET to RTS towards its peer.
+    pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        if r.remote_qpn > 0xff_ffff || r.remote_psn > 0xff_ffff || r.local_psn > 0xff_ffff {
+            return Err(ApiError::bad(
+                "bad_attr",
+                "QPNs and PSNs are 24-bit (at most 16777215)",
+            ));
+        }
+        let (port, local, mac, vlan) = self.resolve(r.remote_gid)?;
+        let path = Path {
+            local_ip: local,
+            remote_ip: r.remote_gid,
+            local_mac: self.macs[port].0,
+            remote_mac: mac.0,
+            udp_sport: udp_sport(qpn, r.remote_qpn),
+            dscp: r.dscp,
+            ecn: 2,
+            vlan,
+        };
+        let c = Connect {
+            access: r.access,
+            sq_psn: r.local_psn,
+            rq_psn: r.remote_psn,
+            timeout: r.timeout,
+            retry_cnt: r.retry_cnt,
+            rnr_retry: r.rnr_retry,
+            min_rnr_timer: r.min_rnr_timer,
+            max_rd_atomic: r.max_rd_atomic,
+            max_dest_rd_atomic: r.max_rd_atomic,
+            ..Connect::new(path, r.mtu, r.remote_qpn)
+        };
+        self.ask(l, |reply| RdmaCommand::Connect {
+            qpn,
+            c: Box::new(c),
+            port,
+            reply,
+        })?
+        .map_err(|e| ApiError::conflict("bad_state", e))
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, |reply| RdmaCommand::PostSend {
+            qpn,
+            wr: Box::new(wr),
+            reply,
+        })?
+        .map_err(|e| ApiError::conflict("post_refused", e))
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, |reply| RdmaCommand::PostRecv {
+            qpn,
+            wr: Box::new(wr),
+            reply,
+        })?
+        .map_err(|e| ApiError::conflict("post_refused", e))
+    }
+
+    /// Takes up to `max` completions of each kind, waiting up to `wait` for the first.
+    pub fn poll_cq(
+        &self,
+        qpn: u32,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Vec<WorkCompletion>, Vec<WorkCompletion>), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            let (s, r) = self.ask(l, |reply| RdmaCommand::PollCq { qpn, max, reply })?;
+            if !s.is_empty() || !r.is_empty() || Instant::now() >= deadline {
+                return Ok((s, r));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Posts `count` copies of `wr` on the QP's lcore, `depth` outstanding; waits for them.
+    pub fn stream(
+        &self,
+        qpn: u32,
+        wr: SendWr,
+        count: u64,
+        depth: usize,
+        wait: Duration,
+    ) -> Result<StreamResult, ApiError> {
+        let l = self.lcore_of(qpn)?;
+        let (tx, rx) = bounded(1);
+        self.lcores[l]
+            .send(Command::Handler(ApplianceCommand::Rdma(
+                RdmaCommand::Stream {
+                    qpn,
+                    wr: Box::new(wr),
+                    count,
+                    depth,
+                    reply: tx,
+                },
+            )))
+            .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
+        rx.recv_timeout(wait).map_err(|_| {
+            ApiError::internal("timeout", format!("the stream did not finish in {wait:?}"))
+        })
+    }
+
+    /// Every lcore's RDMA counters.
+    pub fn counters(&self) -> Result<Vec<HostCounters>, ApiError> {
+        (0..self.lcores.len())
+            .map(|l| self.ask(l, |reply| RdmaCommand::Counters { reply }))
+            .collect()
+    }
+
+    /// The DCQCN line rate QPs start at.
+    pub fn line_bps(&self) -> f64 {
+        self.line_bps
+    }
+}
+
+/// The name of a QP state as `rdma resource show qp` prints it.
+pub fn state_name(s: QpState) -> &'static str {
+    match s {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Sqe => "SQE",
+        QpState::Err => "ERR",
+    }
+}
+
+/// Names of completion statuses, as `ibv_wc_status_str` spells them.
+pub fn wc_status_name(s: WcStatus) -> &'static str {
+    match s {
+        WcStatus::Success => "success",
+        WcStatus::LocLenErr => "local length error",
+        WcStatus::LocQpOpErr => "local QP operation error",
+        WcStatus::LocProtErr => "local protection error",
+        WcStatus::WrFlushErr => "Work Request Flushed Error",
+        WcStatus::RemAccessErr => "remote access error",
+        WcStatus::RemInvReqErr => "remote invalid request error",
+        WcStatus::RemOpErr => "remote operation error",
+        WcStatus::RetryExcErr => "transport retry counter exceeded",
+        WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+        WcStatus::BadRespErr => "bad response error",
+        WcStatus::GeneralErr => "general error",
+    }
+}
+
+/// Names of completion opcodes.
+pub fn wc_opcode_name(o: WcOpcode) -> &'static str {
+    match o {
+        WcOpcode::Send => "send",
+        WcOpcode::RdmaWrite => "rdma-write",
+        WcOpcode::RdmaRead => "rdma-read",
+        WcOpcode::CompSwap => "cmp-swap",
+        WcOpcode::FetchAdd => "fetch-add",
+        WcOpcode::Recv => "recv",
+        WcOpcode::RecvRdmaWithImm => "recv-rdma-with-imm",
+    }
+}
