@@ -102,6 +102,9 @@ pub struct DataplaneSection {
     pub mode: Mode,
     /// Neighbour cache entries per port per lcore.
     pub neighbor_capacity: usize,
+    /// Microseconds an idle worker sleeps (0: spin, for dedicated cores). Set it when lcores
+    /// share CPUs with other work, such as several nodes on one small machine.
+    pub idle_sleep_us: u32,
 }
 
 impl Default for DataplaneSection {
@@ -113,6 +116,7 @@ impl Default for DataplaneSection {
             descriptors: 1024,
             mode: Mode::Stack,
             neighbor_capacity: 1024,
+            idle_sleep_us: 0,
         }
     }
 }
@@ -212,6 +216,8 @@ pub struct Plan {
     pub descriptors: u16,
     /// Where the REST API listens, if anywhere.
     pub api: Option<std::net::SocketAddr>,
+    /// Idle workers sleep this long (None: they spin).
+    pub idle_sleep: Option<std::time::Duration>,
 }
 
 /// The largest frame a port of `mtu` carries: MTU + Ethernet header + 802.1Q tag.
@@ -522,6 +528,16 @@ impl Config {
             mbufs: dp.mbufs,
             descriptors: dp.descriptors,
             api,
+            idle_sleep: match dp.idle_sleep_us {
+                0 => None,
+                us if us > 100_000 => {
+                    return Err(field(
+                        "dataplane.idle_sleep_us",
+                        format!("{us} is more than 100000 (0.1 s): frames would wait that long"),
+                    ));
+                }
+                us => Some(std::time::Duration::from_micros(us as u64)),
+            },
         })
     }
 }

@@ -198,6 +198,7 @@ pub fn run(
                     });
                     Some((state, api_addr))
                 },
+                plan.idle_sleep,
             )
         }
         Mode::Macswap => {
@@ -213,6 +214,7 @@ pub fn run(
                 None,
                 |_| MacSwap,
                 |_, _| None,
+                plan.idle_sleep,
             )
         }
     }?;
@@ -248,6 +250,7 @@ fn run_workers<Q, H>(
     events: Option<Receiver<NetEvent>>,
     mut make: impl FnMut(usize) -> H,
     serve: impl FnOnce(&[Sender<Command<H::Command>>], &[Arc<LcoreCounters>]) -> Serve,
+    idle_sleep: Option<Duration>,
 ) -> Result<serde_json::Value, RunError>
 where
     Q: PortQueue + Send + 'static,
@@ -260,7 +263,8 @@ where
     for (i, qs) in queues.into_iter().enumerate() {
         let (tx, rx) = unbounded();
         let c = Arc::new(LcoreCounters::default());
-        let w = Worker::new(LcoreId(i as u16), qs, make(i), clock, c.clone(), rx);
+        let w = Worker::new(LcoreId(i as u16), qs, make(i), clock, c.clone(), rx)
+            .with_idle_sleep(idle_sleep);
         if let Err(e) = dpdk::launch(i as u32 + 1, move || drop(w.run())) {
             launch_err = Some(e);
             break;

@@ -28,6 +28,7 @@ file_prefix = "{prefix}"
 [dataplane]
 lcores = [0, 1]
 mbufs = 16383
+idle_sleep_us = 20
 [[ports]]
 device = "net_memif0,role={role},socket={sock}"
 mtu = 9000
@@ -427,4 +428,116 @@ fn every_opcode_and_size_at_mtu_1024_and_4096_over_ipv4_and_ipv6() {
     }
     assert!(sum(&b, "rx_write_requests") > 0 && sum(&b, "rx_read_requests") > 0);
     assert_eq!(sum(&b, "rx_atomic_requests"), 3 * 3);
+}
+
+/// Posts a 4 KiB WRITE from A's slot `i` to B's slot `i` on every pair, then waits for every
+/// completion, then checks B's slots all at once.
+fn write_every_pair(n: &Nodes, pairs: &[(usize, u32, u32)], ra: (u32, u64), rb: (u32, u64)) {
+    const SLOT: u64 = 4096;
+    let (a, b) = (&n.api[0], &n.api[1]);
+    for &(i, qa, _) in pairs {
+        let d = pattern(SLOT as usize, 7 + i as u32);
+        put(a, ra.0, ra.1 + i as u64 * SLOT, &d);
+        post(
+            a,
+            qa,
+            json!({"opcode": "write", "wr_id": i, "sge": sge(ra.1 + i as u64 * SLOT, SLOT as usize, ra.0),
+                           "remote_addr": rb.1 + i as u64 * SLOT, "rkey": rb.0}),
+        );
+    }
+    for &(i, qa, _) in pairs {
+        let c = completion(a, qa, false);
+        assert_eq!(c["status"], "success", "QP {qa}: {c}\n{}", stats(n));
+        assert_eq!(c["wr_id"], i);
+    }
+    for &(i, _, _) in pairs {
+        same(
+            n,
+            &get(b, rb.0, rb.1 + i as u64 * SLOT, SLOT as usize),
+            &pattern(SLOT as usize, 7 + i as u32),
+            &format!("slot {i}"),
+        );
+    }
+}
+
+#[test]
+fn a_thousand_qps_over_two_lcores_and_qps_come_and_go_under_traffic() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = Nodes::start("many", 7510);
+    const QPS: usize = 1000;
+    let ra = reg(&n.api[0], (QPS as u64 + 300) * 4096);
+    let rb = reg(&n.api[1], (QPS as u64 + 300) * 4096);
+    let t0 = std::time::Instant::now();
+    let mut pairs: Vec<(usize, u32, u32)> = (0..QPS)
+        .map(|i| {
+            let (qa, qb) = pair(&n, None, None, 1024, false);
+            (i, qa, qb)
+        })
+        .collect();
+    let setup = t0.elapsed();
+    eprintln!(
+        "{QPS} QP pairs created and connected through REST in {:.2} s ({:.0} QPs per second per node)",
+        setup.as_secs_f64(),
+        QPS as f64 / setup.as_secs_f64()
+    );
+    for api in &n.api {
+        let list = api.ok(api.get("/v1/qps"));
+        let list = list.as_array().unwrap();
+        assert_eq!(list.len(), QPS);
+        let on0 = list.iter().filter(|q| q["lcore"] == 0).count();
+        assert_eq!(on0, QPS / 2, "QPs are spread evenly over the two lcores");
+        assert!(list.iter().all(|q| q["state"] == "RTS"));
+    }
+    write_every_pair(&n, &pairs, ra, rb);
+
+    // Streams on a few QPs keep traffic flowing while half of the others are destroyed and new
+    // ones are created, connected and used.
+    let streams: Vec<_> = pairs[..4]
+        .iter()
+        .map(|&(i, qa, _)| {
+            let base = n.api[0].base.clone();
+            std::thread::spawn(move || {
+                let api = Api::new(base.trim_start_matches("http://"));
+                api.ok(api.post(
+                    &format!("/v1/qps/{qa}/stream"),
+                    json!({"opcode": "write", "wr_id": 1_000_000, "sge": sge(ra.1 + i as u64 * 4096, 4096, ra.0),
+                           "remote_addr": rb.1 + i as u64 * 4096, "rkey": rb.0,
+                           "count": 20000, "depth": 16, "timeout_ms": 120000}),
+                ))
+            })
+        })
+        .collect();
+    let gone: Vec<(usize, u32, u32)> = pairs.drain(QPS / 2..).collect();
+    for &(_, qa, qb) in &gone {
+        n.api[0].ok(n.api[0].delete(&format!("/v1/qps/{qa}")));
+        n.api[1].ok(n.api[1].delete(&format!("/v1/qps/{qb}")));
+    }
+    let fresh: Vec<(usize, u32, u32)> = (QPS..QPS + 200)
+        .map(|i| {
+            let (qa, qb) = pair(&n, None, None, 4096, true);
+            (i, qa, qb)
+        })
+        .collect();
+    write_every_pair(&n, &fresh, ra, rb);
+    for s in streams {
+        let r = s.join().unwrap();
+        assert_eq!(r["completed"], 20000, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    // A destroyed QP is gone for good; the survivors still work.
+    let (_, qa, _) = gone[0];
+    assert_eq!(n.api[0].get(&format!("/v1/qps/{qa}")).0, 404);
+    write_every_pair(&n, &pairs[4..64], ra, rb);
+    for api in &n.api {
+        assert_eq!(
+            api.ok(api.get("/v1/qps")).as_array().unwrap().len(),
+            QPS / 2 + 200
+        );
+    }
+    let [a, b] = n.stop();
+    for r in [&a, &b] {
+        assert_eq!(sum(r, "local_ack_timeout_err"), 0);
+        assert_eq!(sum(r, "handoff_drops"), 0);
+    }
+    assert!(sum(&b, "rx_write_requests") >= 4 * 20000);
 }

@@ -190,7 +190,14 @@ pub struct Worker<Q: PortQueue, H: Handler<Q>, K> {
     counters: Arc<LcoreCounters>,
     commands: Receiver<Command<H::Command>>,
     since_commands: u32,
+    /// Consecutive iterations that found nothing to do.
+    idle_streak: u32,
+    /// Sleep this long once idle for [`IDLE_SPINS`] iterations (None: always spin).
+    idle_sleep: Option<core::time::Duration>,
 }
+
+/// Idle iterations before a worker with an idle sleep set sleeps.
+pub const IDLE_SPINS: u32 = 256;
 
 impl<Q, H, K> Worker<Q, H, K>
 where
@@ -218,14 +225,31 @@ where
             counters,
             commands,
             since_commands: 0,
+            idle_streak: 0,
+            idle_sleep: None,
         }
+    }
+
+    /// Makes the worker sleep for `d` whenever it has found nothing to do for [`IDLE_SPINS`]
+    /// iterations in a row, instead of spinning: for lcores that share CPUs with other work
+    /// (several nodes on one small machine, tests), at the price of up to `d` more latency
+    /// for the first frame after a quiet spell. Dedicated cores should spin (the default).
+    pub fn with_idle_sleep(mut self, d: Option<core::time::Duration>) -> Self {
+        self.idle_sleep = d.filter(|d| !d.is_zero());
+        self
     }
 
     /// Runs the loop until [`Command::Stop`] arrives or the command channel closes, then drops
     /// every frame it holds and returns the queues (so the caller can stop ports after workers).
     pub fn run(mut self) -> Vec<Q> {
         let mut rx: Burst<Q::Buf> = Burst::new();
-        while self.poll_once(&mut rx) {}
+        while self.poll_once(&mut rx) {
+            if let Some(d) = self.idle_sleep
+                && self.idle_streak >= IDLE_SPINS
+            {
+                std::thread::sleep(d);
+            }
+        }
         self.finish()
     }
 
@@ -271,10 +295,11 @@ where
             };
             self.handler.on_poll(&mut io);
         }
-        // Commands are taken before transmitting, so what they send leaves in this iteration.
+        // Commands are taken before transmitting, so what they send leaves in this iteration:
+        // every COMMAND_POLL_INTERVAL iterations while busy, every iteration while idle.
         self.since_commands += 1;
         let mut keep_going = true;
-        if self.since_commands >= COMMAND_POLL_INTERVAL {
+        if self.since_commands >= COMMAND_POLL_INTERVAL || work == 0 {
             self.since_commands = 0;
             keep_going = self.poll_commands();
         }
@@ -283,8 +308,10 @@ where
         }
         if work == 0 {
             self.counters.idle_loops.inc();
+            self.idle_streak = self.idle_streak.saturating_add(1);
         } else {
             self.counters.busy_loops.inc();
+            self.idle_streak = 0;
         }
         keep_going
     }
