@@ -541,3 +541,95 @@ fn a_thousand_qps_over_two_lcores_and_qps_come_and_go_under_traffic() {
     }
     assert!(sum(&b, "rx_write_requests") >= 4 * 20000);
 }
+
+#[test]
+fn transfers_complete_over_links_that_lose_reorder_and_duplicate() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = Nodes::start("lossy", 7520);
+    // Both directions of the link: each node's transmit side loses 1 %, reorders 1 % (held
+    // back 20 us) and duplicates 1 % of its frames.
+    for api in &n.api {
+        let v = api.ok(api.put(
+            "/v1/ports/0/impair",
+            json!({"direction": "tx", "loss": 0.01, "reorder": 0.01, "duplicate": 0.01}),
+        ));
+        assert_eq!(v["loss"], 0.01);
+    }
+    // Bad settings are refused whole, naming the field, and change nothing.
+    let (s, e) = n.api[0].put(
+        "/v1/ports/0/impair",
+        json!({"direction": "tx", "loss": 1.5}),
+    );
+    assert_eq!((s, e["code"].as_str()), (400, Some("bad_body")), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("loss"), "{e}");
+    let (s, _) = n.api[0].put("/v1/ports/0/impair", json!({"direction": "sideways"}));
+    assert_eq!(s, 400);
+    assert_eq!(
+        n.api[0]
+            .put("/v1/ports/7/impair", json!({"direction": "tx"}))
+            .0,
+        404
+    );
+    let shown = n.api[0].ok(n.api[0].get("/v1/ports/0/impair"));
+    assert_eq!(shown["tx"]["settings"]["loss"], 0.01, "{shown}");
+
+    let ra = reg(&n.api[0], 4 << 20);
+    let rb = reg(&n.api[1], 4 << 20);
+    for (k, (mtu, la, lb)) in [(1024, 0, 1), (4096, 1, 1)].into_iter().enumerate() {
+        let (qa, qb) = pair(&n, Some(la), Some(lb), mtu, k == 1);
+        every_opcode(&n, qa, qb, ra, rb, &SIZES, 50 + k as u32 * 1000);
+    }
+    // A stream of 4 KiB WRITEs, 16 outstanding, on a pair of its own.
+    let (qa, _) = pair(&n, None, None, 1024, false);
+    let r = n.api[0].ok(n.api[0].post(
+        &format!("/v1/qps/{qa}/stream"),
+        json!({"opcode": "write", "sge": sge(ra.1, 4096, ra.0), "remote_addr": rb.1,
+               "rkey": rb.0, "count": 3000, "depth": 16, "timeout_ms": 120000}),
+    ));
+    assert_eq!(
+        (r["completed"].as_u64(), r["errors"].as_u64()),
+        (Some(3000), Some(0)),
+        "{r}"
+    );
+    same(
+        &n,
+        &get(&n.api[1], rb.0, rb.1, 4096),
+        &get(&n.api[0], ra.0, ra.1, 4096),
+        "stream",
+    );
+
+    let imp: Vec<Value> = n
+        .api
+        .iter()
+        .map(|a| a.ok(a.get("/v1/ports/0/impair")))
+        .collect();
+    for i in &imp {
+        for c in ["lost", "duplicated", "reordered"] {
+            assert!(i["tx"]["counters"][c].as_u64().unwrap() > 0, "{c}: {i}");
+        }
+    }
+    eprintln!(
+        "impairment counters: A {}\nB {}",
+        imp[0]["tx"]["counters"], imp[1]["tx"]["counters"]
+    );
+    let [a, b] = n.stop();
+    let c = |name: &str| sum(&a, name) + sum(&b, name);
+    eprintln!(
+        "retransmission and duplicate counters: duplicate_request {} out_of_sequence {} packet_seq_err {} local_ack_timeout_err {} implied_nak_seq_err {}",
+        c("duplicate_request"),
+        c("out_of_sequence"),
+        c("packet_seq_err"),
+        c("local_ack_timeout_err"),
+        c("implied_nak_seq_err")
+    );
+    assert!(
+        c("duplicate_request") > 0,
+        "duplicates reach the responders"
+    );
+    assert!(c("out_of_sequence") > 0, "losses open PSN gaps");
+    assert!(
+        c("packet_seq_err") + c("local_ack_timeout_err") > 0,
+        "requesters retransmit after NAKs or timeouts"
+    );
+    assert_eq!(c("req_transport_retries_exceeded"), 0);
+}
