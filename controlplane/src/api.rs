@@ -368,6 +368,40 @@ struct QpBody {
     max_recv_sge: Option<u32>,
     #[serde(default)]
     cc: Option<String>,
+    #[serde(default)]
+    cc_profile: Option<String>,
+    /// DCQCN knobs (NVIDIA's names) over the profile's values.
+    #[serde(default)]
+    dcqcn: Option<serde_json::Map<String, Value>>,
+}
+
+/// A DCQCN parameter set: a named profile with some knobs changed; the error names a bad knob.
+fn dcqcn_params(
+    profile: &str,
+    knobs: Option<&serde_json::Map<String, Value>>,
+) -> Result<DcqcnParams, ApiError> {
+    let base = DcqcnParams::profile(profile).ok_or_else(|| {
+        ApiError::bad(
+            "bad_cc",
+            format!(
+                "unknown cc_profile {profile:?}: use one of {}",
+                DcqcnParams::PROFILES.join(", ")
+            ),
+        )
+    })?;
+    let Some(knobs) = knobs else {
+        return Ok(base);
+    };
+    let mut v =
+        serde_json::to_value(base).map_err(|e| ApiError::internal("internal", e.to_string()))?;
+    for (k, x) in knobs {
+        v[k.as_str()] = x.clone();
+    }
+    let p: DcqcnParams =
+        serde_json::from_value(v).map_err(|e| ApiError::bad("bad_cc", format!("dcqcn: {e}")))?;
+    p.validate()
+        .map_err(|e| ApiError::bad("bad_cc", format!("dcqcn: {e}")))?;
+    Ok(p)
 }
 
 async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
@@ -385,8 +419,11 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
             .unwrap_or("dcqcn")
             .parse()
             .map_err(|e: &str| ApiError::bad("bad_cc", e))?;
-    let (qpn, lcore) =
-        blocking(move || s.rdma.create_qp(b.lcore, caps, cc, DcqcnParams::nvidia())).await?;
+    let params = dcqcn_params(
+        b.cc_profile.as_deref().unwrap_or("nvidia"),
+        b.dcqcn.as_ref(),
+    )?;
+    let (qpn, lcore) = blocking(move || s.rdma.create_qp(b.lcore, caps, cc, params)).await?;
     created(json!({"qpn": qpn, "lcore": lcore, "type": "RC", "state": "RESET"}))
 }
 
@@ -410,6 +447,8 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         "access": access_names(c.access),
         "caps": {"max_send_wr": q.caps.max_send_wr, "max_recv_wr": q.caps.max_recv_wr,
                  "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge},
+        "cc": {"kind": q.cc_kind, "rate_bps": q.rate_bps,
+               "target_bps": q.dcqcn.map(|d| d.0), "alpha": q.dcqcn.map(|d| d.1)},
         "counters": counters,
     })
 }

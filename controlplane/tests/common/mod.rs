@@ -2,6 +2,8 @@
 //! vdevs, network namespaces and veths that the tests create and remove themselves.
 #![allow(dead_code)]
 
+pub mod rdma;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -82,6 +82,20 @@ impl Default for DcqcnParams {
 }
 
 impl DcqcnParams {
+    /// The named parameter sets: "nvidia" ([`Self::nvidia`]), "paper" ([`Self::paper`]),
+    /// "hpcc-ns3" ([`Self::hpcc_ns3`]).
+    pub const PROFILES: [&'static str; 3] = ["nvidia", "paper", "hpcc-ns3"];
+
+    /// A parameter set by name (one of [`Self::PROFILES`]).
+    pub fn profile(name: &str) -> Option<Self> {
+        match name {
+            "nvidia" => Some(Self::nvidia()),
+            "paper" => Some(Self::paper()),
+            "hpcc-ns3" => Some(Self::hpcc_ns3()),
+            _ => None,
+        }
+    }
+
     /// NVIDIA ConnectX-4 Lx / ConnectX-5 firmware defaults.
     pub const fn nvidia() -> Self {
         DcqcnParams {

@@ -219,6 +219,12 @@ pub struct QpQuery {
     pub port: usize,
     /// Its caps.
     pub caps: QpCaps,
+    /// Its congestion control: "dcqcn" or "none".
+    pub cc_kind: &'static str,
+    /// The rate it may send at now, bits per second.
+    pub rate_bps: f64,
+    /// DCQCN's target rate and alpha (None without DCQCN).
+    pub dcqcn: Option<(f64, f64)>,
 }
 
 struct Slot {
@@ -590,11 +596,23 @@ impl<B: PacketBuf> RdmaHost<B> {
             RdmaCommand::Query { qpn, reply } => {
                 let q = self.index(qpn).map(|i| {
                     let s = self.slots[i].as_ref().expect("index checked");
+                    let cc = s.qp.cc();
                     QpQuery {
                         cfg: s.qp.cfg,
                         counters: s.qp.counters,
                         port: s.port,
                         caps: s.qp.caps(),
+                        cc_kind: match cc {
+                            crate::cc::Cc::None { .. } => "none",
+                            crate::cc::Cc::Dcqcn(_) => "dcqcn",
+                        },
+                        rate_bps: cc.rate(),
+                        dcqcn: match cc {
+                            crate::cc::Cc::Dcqcn(d) => {
+                                Some((d.target(), d.alpha(now, s.qp.cc_params())))
+                            }
+                            crate::cc::Cc::None { .. } => None,
+                        },
                     }
                 });
                 let _ = reply.send(q);
