@@ -1,0 +1,377 @@
+//! RDMA WRITE between two roced nodes against dpdk-testpmd's packet rate, on the same memif
+//! vdev, in one run.
+//!
+//! Baseline: two dpdk-testpmd processes joined by net_memif, one forwarding lcore each on its
+//! own CPU: `txonly` on one side, `rxonly` on the other; the receiver's Rx-pps is the vdev's
+//! one-way packet rate at a given frame size. ferroce: two roced processes on the same vdev
+//! and CPUs, one lcore each, an RC QP pair connected through the REST API (congestion control
+//! off), and a stream of WRITEs posted by the sender's lcore itself (`POST /v1/qps/N/stream`,
+//! every WR signalled, `depth` outstanding); the rate is completions over the lcore's elapsed
+//! time. Rounds alternate the two so both see the same machine; the report gives medians and
+//! the ratios the issue asks for:
+//! - 64 B WRITE message rate / testpmd packet rate at 64 B frames;
+//! - 64 KiB WRITE payload bandwidth / testpmd frame bandwidth at the frames a 4096-byte path
+//!   MTU makes (payload only for ferroce, whole frames for testpmd: the ratio is conservative).
+
+use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, wait_or_kill};
+use clap::Parser;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Parser)]
+#[command(about = "RDMA WRITE between two roced nodes vs dpdk-testpmd on memif, in one run")]
+struct Args {
+    /// The roced binary.
+    #[arg(long, default_value = "target/release/roced")]
+    roced: PathBuf,
+    /// Rounds (each measures testpmd and roced at both sizes).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// testpmd measurement window, seconds.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// 64 B WRITEs per roced round.
+    #[arg(long, default_value_t = 1_000_000)]
+    small_count: u64,
+    /// 64 KiB WRITEs per roced round.
+    #[arg(long, default_value_t = 20_000)]
+    large_count: u64,
+    /// WRITEs outstanding.
+    #[arg(long, default_value_t = 128)]
+    depth: usize,
+    /// CPU of the sender (testpmd txonly, roced node A).
+    #[arg(long, default_value_t = 1)]
+    tx_cpu: usize,
+    /// CPU of the receiver.
+    #[arg(long, default_value_t = 0)]
+    rx_cpu: usize,
+    /// Write the markdown report here too.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+const SOCK: &str = "/run/ferroce/bench-rdma.sock";
+/// memif buffers that hold a whole frame (roced sizes its own the same way for MTU 9000).
+const BSIZE: u32 = 9088;
+/// The frame a full 4096-byte WRITE MIDDLE packet makes: Ethernet 14, IPv4 20, UDP 8, BTH 12,
+/// payload 4096, ICRC 4.
+const MTU4096_FRAME: u32 = 14 + 20 + 8 + 12 + 4096 + 4;
+
+fn eal(cpu: usize, vdev: &str) -> Vec<String> {
+    vec![
+        "--no-pci".into(),
+        "--huge-unlink".into(),
+        "--log-level=warning".into(),
+        format!("--lcores=0@(0-{}),1@{cpu}", num_cpus() - 1),
+        format!("--vdev={vdev}"),
+    ]
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+/// testpmd txonly -> rxonly at `frame` bytes: the receiver's packets per second.
+fn testpmd_rate(a: &Args, frame: u32, dir: &Path, tag: &str) -> Result<f64, String> {
+    let _ = std::fs::remove_file(SOCK);
+    let vdev = |role: &str| format!("net_memif0,role={role},socket={SOCK},bsize={BSIZE}");
+    let common = |mode: &str| {
+        vec![
+            format!("--forward-mode={mode}"),
+            "--total-num-mbufs=32768".into(),
+            "--mbuf-size=9216".into(),
+            format!("--txpkts={}", frame.saturating_sub(4).max(60)),
+        ]
+    };
+    let mut rx = Testpmd::start(
+        "ferroce-bench-rx",
+        &eal(a.rx_cpu, &vdev("server")),
+        &common("rxonly"),
+        &dir.join(format!("tp-rx-{tag}.log")),
+    )
+    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut tx = Testpmd::start(
+        "ferroce-bench-tx",
+        &eal(a.tx_cpu, &vdev("client")),
+        &common("txonly"),
+        &dir.join(format!("tp-tx-{tag}.log")),
+    )
+    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
+    std::thread::sleep(Duration::from_secs(3));
+    rx.cmd("start");
+    tx.cmd("start");
+    std::thread::sleep(Duration::from_secs(1));
+    rx.cmd("show port stats 0");
+    std::thread::sleep(Duration::from_secs(a.seconds));
+    rx.cmd("show port stats 0");
+    std::thread::sleep(Duration::from_millis(300));
+    tx.cmd("stop");
+    rx.cmd("stop");
+    tx.quit(Duration::from_secs(10));
+    let out = rx.quit(Duration::from_secs(10));
+    remove_runtime_dir("ferroce-bench-tx");
+    remove_runtime_dir("ferroce-bench-rx");
+    last_rx_pps(&out)
+        .filter(|r| *r > 0.0)
+        .ok_or_else(|| format!("no Rx-pps from testpmd at {frame} B ({tag})"))
+}
+
+struct Node {
+    child: Child,
+    api: String,
+}
+
+impl Node {
+    fn start(a: &Args, name: &str, cfg: &str, dir: &Path) -> Result<Node, String> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
+        let child = Command::new(&a.roced)
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", a.roced.display()))?;
+        let api = cfg
+            .lines()
+            .find_map(|l| l.strip_prefix("listen = "))
+            .map(|s| s.trim_matches('"').to_string())
+            .unwrap_or_default();
+        Ok(Node { child, api })
+    }
+
+    fn stop(mut self) {
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        wait_or_kill(&mut self.child, Duration::from_secs(20));
+    }
+}
+
+struct Http(ureq::Agent);
+
+impl Http {
+    fn new() -> Self {
+        Http(
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(600)))
+                .build()
+                .into(),
+        )
+    }
+
+    fn call(&self, method: &str, url: &str, body: Option<Value>) -> Result<Value, String> {
+        let r = match (method, body) {
+            ("GET", _) => self.0.get(url).call(),
+            (_, Some(b)) => self
+                .0
+                .post(url)
+                .header("content-type", "application/json")
+                .send(b.to_string()),
+            (_, None) => self.0.post(url).send(""),
+        };
+        let mut r = r.map_err(|e| format!("{url}: {e}"))?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        if !(200..300).contains(&status) {
+            return Err(format!("{url}: {status} {text}"));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("{url}: {e}: {text}"))
+    }
+}
+
+/// Two roced nodes with a connected QP pair; WRITE streams on it.
+struct Pair {
+    a: Node,
+    b: Node,
+    http: Http,
+    qa: u64,
+    mra: Value,
+    mrb: Value,
+}
+
+impl Pair {
+    fn start(a: &Args, dir: &Path) -> Result<Pair, String> {
+        let _ = std::fs::remove_file(SOCK);
+        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
+            format!(
+                "[eal]\nfile_prefix = \"ferroce-bench-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
+                 [[ports]]\ndevice = \"net_memif0,role={role},socket={SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
+                 addresses = [\"10.93.0.{me}/24\"]\nprobes = [\"10.93.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
+            )
+        };
+        let na = Node::start(a, "a", &cfg("a", "server", a.tx_cpu, 1, 2, 7580), dir)?;
+        std::thread::sleep(Duration::from_millis(1500));
+        let nb = Node::start(a, "b", &cfg("b", "client", a.rx_cpu, 2, 1, 7581), dir)?;
+        let http = Http::new();
+        let t0 = Instant::now();
+        // Up, and each has resolved the other.
+        loop {
+            let ok = [&na, &nb].iter().all(|n| {
+                http.call("GET", &format!("http://{}/v1/ports", n.api), None)
+                    .is_ok_and(|p| p[0]["link_up"] == true)
+            });
+            if ok {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                na.stop();
+                nb.stop();
+                return Err("roced nodes did not come up (see their logs)".into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let u = |n: &Node, p: &str| format!("http://{}{p}", n.api);
+        let reg = json!({"length": 64 << 20, "access": ["local-write", "remote-write", "remote-read"]});
+        let mra = http.call("POST", &u(&na, "/v1/mrs"), Some(reg.clone()))?;
+        let mrb = http.call("POST", &u(&nb, "/v1/mrs"), Some(reg))?;
+        let qp = json!({"cc": "none", "max_send_wr": 1024});
+        let qa = http.call("POST", &u(&na, "/v1/qps"), Some(qp.clone()))?["qpn"]
+            .as_u64()
+            .unwrap_or(0);
+        let qb = http.call("POST", &u(&nb, "/v1/qps"), Some(qp))?["qpn"]
+            .as_u64()
+            .unwrap_or(0);
+        http.call(
+            "POST",
+            &u(&na, &format!("/v1/qps/{qa}/connect")),
+            Some(json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "mtu": 4096})),
+        )?;
+        http.call(
+            "POST",
+            &u(&nb, &format!("/v1/qps/{qb}/connect")),
+            Some(json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "mtu": 4096})),
+        )?;
+        Ok(Pair {
+            a: na,
+            b: nb,
+            http,
+            qa,
+            mra,
+            mrb,
+        })
+    }
+
+    /// Streams `count` WRITEs of `size` bytes; messages per second.
+    fn stream(&self, size: usize, count: u64, depth: usize) -> Result<f64, String> {
+        let r = self.http.call(
+            "POST",
+            &format!("http://{}/v1/qps/{}/stream", self.a.api, self.qa),
+            Some(json!({"opcode": "write",
+                        "sge": [{"addr": self.mra["addr"], "length": size, "lkey": self.mra["lkey"]}],
+                        "remote_addr": self.mrb["addr"], "rkey": self.mrb["rkey"],
+                        "count": count, "depth": depth, "timeout_ms": 600_000})),
+        )?;
+        let done = r["completed"].as_u64().unwrap_or(0);
+        if done != count || r["errors"].as_u64() != Some(0) {
+            return Err(format!("stream of {size} B: {r}"));
+        }
+        Ok(done as f64 / (r["elapsed_ns"].as_f64().unwrap_or(f64::NAN) / 1e9))
+    }
+
+    fn stop(self) {
+        self.a.stop();
+        self.b.stop();
+        remove_runtime_dir("ferroce-bench-a");
+        remove_runtime_dir("ferroce-bench-b");
+        let _ = std::fs::remove_file(SOCK);
+    }
+}
+
+fn fmt_list(v: &[f64], scale: f64, digits: usize) -> String {
+    v.iter()
+        .map(|x| format!("{:.*}", digits, x / scale))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn main() -> std::process::ExitCode {
+    let a = Args::parse();
+    let dir = std::env::temp_dir().join(format!("ferroce-bench-rdma-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::create_dir_all("/run/ferroce");
+    let (mut tp64, mut tp4k, mut w64, mut w64k) = (vec![], vec![], vec![], vec![]);
+    for round in 0..a.rounds {
+        let r = (|| -> Result<(), String> {
+            let p = testpmd_rate(&a, 64, &dir, &format!("64-{round}"))?;
+            eprintln!("round {round}: testpmd 64 B: {:.2} Mpps", p / 1e6);
+            tp64.push(p);
+            let p = testpmd_rate(&a, MTU4096_FRAME, &dir, &format!("4k-{round}"))?;
+            eprintln!(
+                "round {round}: testpmd {MTU4096_FRAME} B: {:.2} Mpps = {:.1} Gb/s",
+                p / 1e6,
+                p * MTU4096_FRAME as f64 * 8.0 / 1e9
+            );
+            tp4k.push(p * MTU4096_FRAME as f64 * 8.0);
+            let pair = Pair::start(&a, &dir)?;
+            let r = (|| {
+                let m = pair.stream(64, a.small_count, a.depth)?;
+                eprintln!("round {round}: roced 64 B WRITE: {:.3} M msgs/s", m / 1e6);
+                w64.push(m);
+                let m = pair.stream(64 << 10, a.large_count, a.depth.min(64))?;
+                eprintln!(
+                    "round {round}: roced 64 KiB WRITE: {:.1} Gb/s",
+                    m * 65536.0 * 8.0 / 1e9
+                );
+                w64k.push(m * 65536.0 * 8.0);
+                Ok::<(), String>(())
+            })();
+            pair.stop();
+            r
+        })();
+        if let Err(e) = r {
+            eprintln!("rdma_vs_testpmd: {e} (logs in {})", dir.display());
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let (m_tp64, m_tp4k, m_w64, m_w64k) =
+        (median(&tp64), median(&tp4k), median(&w64), median(&w64k));
+    let report = format!(
+        "# RDMA WRITE between two roced nodes vs dpdk-testpmd (net_memif, one lcore per node)\n\n\
+         Sender on CPU {}, receiver on CPU {}; memif bsize {BSIZE} on both kinds of run. \
+         testpmd: txonly -> rxonly, the receiver's Rx-pps over {} s. roced: an RC QP pair \
+         (path MTU 4096, congestion control off), `POST /v1/qps/N/stream` of signalled WRITEs, \
+         {} outstanding ({} for 64 KiB), rate = completions / the lcore's elapsed time. \
+         {} rounds, alternating; medians.\n\
+         Command: `cargo run --release -p bench --bin rdma_vs_testpmd` (after `cargo build --release -p controlplane`).\n\n\
+         | figure | median | rounds |\n|---|---|---|\n\
+         | testpmd 64 B frames, Mpps | {:.2} | {} |\n\
+         | roced 64 B WRITE, M msgs/s | {:.3} | {} |\n\
+         | testpmd {MTU4096_FRAME} B frames, Gb/s (whole frames) | {:.1} | {} |\n\
+         | roced 64 KiB WRITE, Gb/s (payload) | {:.1} | {} |\n\n\
+         **64 B WRITE rate / testpmd packet rate: {:.3}** (goal >= 0.6)\n\n\
+         **64 KiB WRITE bandwidth / testpmd bandwidth: {:.3}** (goal >= 0.9)\n",
+        a.tx_cpu,
+        a.rx_cpu,
+        a.seconds,
+        a.depth,
+        a.depth.min(64),
+        a.rounds,
+        m_tp64 / 1e6,
+        fmt_list(&tp64, 1e6, 2),
+        m_w64 / 1e6,
+        fmt_list(&w64, 1e6, 3),
+        m_tp4k / 1e9,
+        fmt_list(&tp4k, 1e9, 1),
+        m_w64k / 1e9,
+        fmt_list(&w64k, 1e9, 1),
+        m_w64 / m_tp64,
+        m_w64k / m_tp4k,
+    );
+    println!("{report}");
+    if let Some(p) = &a.report
+        && let Err(e) = std::fs::write(p, &report)
+    {
+        eprintln!("rdma_vs_testpmd: writing {}: {e}", p.display());
+        return std::process::ExitCode::FAILURE;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::process::ExitCode::SUCCESS
+}
