@@ -638,9 +638,17 @@ impl Rdma {
                 },
             )))
             .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
-        rx.recv_timeout(wait).map_err(|_| {
-            ApiError::internal("timeout", format!("the stream did not finish in {wait:?}"))
-        })
+        match rx.recv_timeout(wait) {
+            Ok(r) => r.map_err(|e| ApiError::conflict("stream_refused", e)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ApiError::internal(
+                "timeout",
+                format!("the stream did not finish in {wait:?}"),
+            )),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(ApiError::conflict(
+                "stream_ended",
+                "the QP was destroyed (or the node stopped) before the stream finished",
+            )),
+        }
     }
 
     /// Every lcore's RDMA counters.

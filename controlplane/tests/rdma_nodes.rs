@@ -180,6 +180,18 @@ fn a_thousand_qps_over_two_lcores_and_qps_come_and_go_under_traffic() {
             })
         })
         .collect();
+    // A QP streams one thing at a time: a second stream is refused, the first goes on.
+    std::thread::sleep(Duration::from_millis(50));
+    let (s2, e) = n.api[0].post(
+        &format!("/v1/qps/{}/stream", pairs[0].1),
+        json!({"opcode": "write", "sge": sge(ra.1, 64, ra.0), "remote_addr": rb.1,
+               "rkey": rb.0, "count": 1}),
+    );
+    assert_eq!(
+        (s2, e["code"].as_str()),
+        (409, Some("stream_refused")),
+        "{e}"
+    );
     let gone: Vec<(usize, u32, u32)> = pairs.drain(QPS / 2..).collect();
     for &(_, qa, qb) in &gone {
         n.api[0].ok(n.api[0].delete(&format!("/v1/qps/{qa}")));

@@ -15,6 +15,9 @@ use std::sync::Arc;
 /// Iterations between two looks at the command channel. Looking costs about as much as an
 /// empty rx poll, so doing it every iteration would slow the reaction to the next burst.
 pub const COMMAND_POLL_INTERVAL: u32 = 64;
+/// While idle, iterations between two looks at the command channel (a control round trip
+/// then waits a few hundred nanoseconds, not a whole busy interval or idle sleep).
+pub const IDLE_COMMAND_POLL_INTERVAL: u32 = 8;
 
 /// Index of a worker lcore (0-based among the workers, not DPDK's lcore id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -296,10 +299,14 @@ where
             self.handler.on_poll(&mut io);
         }
         // Commands are taken before transmitting, so what they send leaves in this iteration:
-        // every COMMAND_POLL_INTERVAL iterations while busy, every iteration while idle.
+        // every COMMAND_POLL_INTERVAL iterations while busy, every IDLE_COMMAND_POLL_INTERVAL
+        // while idle, and before every idle sleep.
         self.since_commands += 1;
         let mut keep_going = true;
-        if self.since_commands >= COMMAND_POLL_INTERVAL || work == 0 {
+        if self.since_commands >= COMMAND_POLL_INTERVAL
+            || work == 0 && self.since_commands >= IDLE_COMMAND_POLL_INTERVAL
+            || work == 0 && self.idle_sleep.is_some() && self.idle_streak >= IDLE_SPINS
+        {
             self.since_commands = 0;
             keep_going = self.poll_commands();
         }

@@ -89,7 +89,8 @@ fn main() {
                 .expect("lcore");
             let r = rx
                 .recv_timeout(Duration::from_secs(120))
-                .expect("stream done");
+                .expect("stream done")
+                .expect("stream started");
             assert_eq!(r.errors, 0, "stream errors");
             let secs = r.elapsed_ns as f64 / 1e9;
             runs.push((

@@ -130,7 +130,8 @@ impl Node {
     fn start(a: &Args, name: &str, cfg: &str, dir: &Path) -> Result<Node, String> {
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
         let child = Command::new(&a.roced)
             .arg("--config")
             .arg(&path)
@@ -229,7 +230,8 @@ impl Pair {
             std::thread::sleep(Duration::from_millis(200));
         }
         let u = |n: &Node, p: &str| format!("http://{}{p}", n.api);
-        let reg = json!({"length": 64 << 20, "access": ["local-write", "remote-write", "remote-read"]});
+        let reg =
+            json!({"length": 64 << 20, "access": ["local-write", "remote-write", "remote-read"]});
         let mra = http.call("POST", &u(&na, "/v1/mrs"), Some(reg.clone()))?;
         let mrb = http.call("POST", &u(&nb, "/v1/mrs"), Some(reg))?;
         let qp = json!({"cc": "none", "max_send_wr": 1024});

@@ -193,6 +193,22 @@ pub fn wait_all() {
     unsafe { sys::rte_eal_mp_wait_lcore() }
 }
 
+/// The time-stamp counter, read inline (DPDK's `rte_rdtsc` is a static inline function that
+/// reaches Rust as an out-of-line wrapper call: it showed as 6-9 % of a busy lcore's profile).
+#[inline(always)]
+fn rdtsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: RDTSC has no preconditions on x86_64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: reading the TSC has no preconditions.
+        unsafe { sys::rte_rdtsc() }
+    }
+}
+
 /// The TSC as a [`Clock`].
 #[derive(Debug, Clone, Copy)]
 pub struct TscSource(TscClock);
@@ -200,17 +216,14 @@ pub struct TscSource(TscClock);
 impl TscSource {
     /// A clock whose origin is now.
     pub fn new(eal: &Eal) -> Self {
-        // SAFETY: reading the TSC has no preconditions.
-        let now = unsafe { sys::rte_rdtsc() };
-        TscSource(TscClock::new(eal.tsc_hz(), now))
+        TscSource(TscClock::new(eal.tsc_hz(), rdtsc()))
     }
 }
 
 impl Clock for TscSource {
     #[inline]
     fn now(&self) -> Instant {
-        // SAFETY: reading the TSC has no preconditions.
-        self.0.instant(unsafe { sys::rte_rdtsc() })
+        self.0.instant(rdtsc())
     }
 }
 

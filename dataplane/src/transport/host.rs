@@ -185,8 +185,8 @@ pub enum RdmaCommand {
         count: u64,
         /// Outstanding at most.
         depth: usize,
-        /// The result, when done.
-        reply: Sender<StreamResult>,
+        /// The result when done, or why it could not start.
+        reply: Sender<Result<StreamResult, String>>,
     },
     /// Destroys a QP (its outstanding work is dropped with it).
     DestroyQp {
@@ -246,7 +246,7 @@ struct Stream {
     done: u64,
     errors: u64,
     started: crate::time::Instant,
-    reply: Sender<StreamResult>,
+    reply: Sender<Result<StreamResult, String>>,
 }
 
 /// What a stream did.
@@ -398,11 +398,11 @@ impl<B: PacketBuf> RdmaHost<B> {
         let failed = slot.qp.cfg.state == super::qp::QpState::Err;
         if st.to_post == 0 && st.outstanding == 0 || failed {
             let st = slot.stream.take().expect("stream present");
-            let _ = st.reply.send(StreamResult {
+            let _ = st.reply.send(Ok(StreamResult {
                 completed: st.done,
                 errors: st.errors + st.to_post + st.outstanding as u64,
                 elapsed_ns: now.0.saturating_sub(st.started.0),
-            });
+            }));
         }
         if posted {
             self.mark_ready(i);
@@ -662,14 +662,18 @@ impl<B: PacketBuf> RdmaHost<B> {
                 reply,
             } => {
                 let Some(i) = self.index(qpn) else {
-                    let _ = reply.send(StreamResult {
-                        completed: 0,
-                        errors: count,
-                        elapsed_ns: 0,
-                    });
+                    let _ = reply.send(Err(format!("no QP {qpn:#x} on this lcore")));
                     return;
                 };
                 let slot = self.slots[i].as_mut().expect("index checked");
+                if slot.stream.is_some() {
+                    let _ = reply.send(Err(format!("QP {qpn} is already streaming")));
+                    return;
+                }
+                if slot.qp.cfg.state != super::qp::QpState::Rts {
+                    let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
+                    return;
+                }
                 slot.stream = Some(Stream {
                     wr: *wr,
                     depth: depth.max(1),
@@ -1075,6 +1079,7 @@ mod tests {
             solicited: false,
             fence: false,
         };
+        let r_wr = wr.clone();
         let r = ask(a, |reply| RdmaCommand::Stream {
             qpn: pair.qpa,
             wr: Box::new(wr),
@@ -1082,8 +1087,27 @@ mod tests {
             depth: 16,
             reply,
         })
+        .unwrap()
         .unwrap();
         assert_eq!((r.completed, r.errors), (2000, 0));
+        // A QP that is not connected cannot stream.
+        let q = ask(a, |reply| RdmaCommand::CreateQp {
+            caps: QpCaps::default(),
+            cc: CcKind::None,
+            params: DcqcnParams::nvidia(),
+            reply,
+        })
+        .unwrap()
+        .unwrap();
+        let refused = ask(a, |reply| RdmaCommand::Stream {
+            qpn: q,
+            wr: Box::new(r_wr.clone()),
+            count: 1,
+            depth: 1,
+            reply,
+        })
+        .unwrap();
+        assert!(refused.is_err_and(|e| e.contains("RTS")));
         assert!(r.elapsed_ns > 0);
         // QPNs carry their owner.
         let q = ask(b, |reply| RdmaCommand::CreateQp {
