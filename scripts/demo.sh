@@ -31,5 +31,5 @@ echo "== node B log"; sed 's/\x1b\[[0-9;]*m//g' "$out/b.log"
 echo "== node B summary"; cat "$out/b.txt"
 echo
 if [ "$rc" != 0 ]; then echo "demo: a node failed (exit $rc)"; exit "$rc"; fi
-left=$(ls -d /var/run/dpdk/ferroce-a /var/run/dpdk/ferroce-b /dev/hugepages/ferroce-[ab]* 2>/dev/null | wc -l)
+left=$( (ls -d /var/run/dpdk/ferroce-a /var/run/dpdk/ferroce-b /dev/hugepages/ferroce-[ab]* 2>/dev/null || true) | wc -l)
 echo "== both nodes stopped cleanly; DPDK files they left behind: $left"
