@@ -225,6 +225,12 @@ impl<B> NeighborCache<B> {
         self.learn(ip, mac, now, true).held
     }
 
+    /// True when [`Self::poll`] has something to do at `now` (cheap: one comparison).
+    #[inline]
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next_deadline
+    }
+
     /// Runs due timers: pushes solicitations to send into `solicits` (as many as fit; the rest
     /// wait for the next call) and returns how many held frames were dropped because their
     /// neighbour never answered.

@@ -909,6 +909,11 @@ impl<Q: PortQueue> Handler<Q> for NetStack<Q::Buf> {
             }
         }
         for port in 0..self.ports.len() {
+            // Nearly always nothing is due: skip moving the solicit buffer around (it showed as
+            // 15 % of a busy lcore as a memcpy).
+            if !self.ports[port].neigh.due(now) {
+                continue;
+            }
             let mut solicits = core::mem::take(&mut self.solicits);
             let dropped = self.ports[port].neigh.poll(now, &mut solicits);
             io.counters
