@@ -159,6 +159,8 @@ impl ImpairHandle {
 
 struct Stage<B> {
     cfg: Impairments,
+    /// `cfg.is_off()`, kept so the pass-through check is one load.
+    off: bool,
     bad: bool,
     /// Frames held back for reordering, with their release time.
     held: VecDeque<(Instant, B)>,
@@ -175,6 +177,7 @@ impl<B: PacketBuf> Stage<B> {
     fn new() -> Self {
         Stage {
             cfg: Impairments::default(),
+            off: true,
             bad: false,
             held: VecDeque::with_capacity(QUEUE_FRAMES),
             cp: VecDeque::with_capacity(QUEUE_FRAMES),
@@ -184,8 +187,14 @@ impl<B: PacketBuf> Stage<B> {
         }
     }
 
+    #[inline]
     fn idle(&self) -> bool {
-        self.cfg.is_off() && self.held.is_empty() && self.cp.is_empty() && self.out.is_empty()
+        self.off && self.held.is_empty() && self.cp.is_empty() && self.out.is_empty()
+    }
+
+    fn set(&mut self, cfg: Impairments) {
+        self.cfg = cfg;
+        self.off = cfg.is_off();
     }
 
     /// Runs one frame through loss, corruption, duplication and reordering.
@@ -353,8 +362,8 @@ impl<Q: PortQueue, K: Clock> Impaired<Q, K> {
         self.taken = sent;
         while let Ok((dir, imp)) = self.updates.try_recv() {
             match dir {
-                Direction::Rx => self.rx.cfg = imp,
-                Direction::Tx => self.tx.cfg = imp,
+                Direction::Rx => self.rx.set(imp),
+                Direction::Tx => self.tx.set(imp),
             }
         }
     }
