@@ -265,6 +265,26 @@ impl MrTable {
         Ok(())
     }
 
+    /// The checks every registration passes: a live PD, remote write or atomic only with
+    /// local write (the verbs rule), an address range that does not wrap.
+    fn check_registration(
+        &self,
+        pd: PdHandle,
+        va: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<(), MrError> {
+        if self.pds.get(pd.0 as usize) != Some(&true) {
+            return Err(MrError::NoSuchPd);
+        }
+        let remote_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(MrError::BadAccessFlags);
+        }
+        va.checked_add(len as u64).ok_or(MrError::OutOfBounds)?;
+        Ok(())
+    }
+
     /// Registers `mem` at virtual address `va` with `access`; returns the key (lkey = rkey).
     pub fn register(
         &mut self,
@@ -273,15 +293,7 @@ impl MrTable {
         mem: Box<dyn MrMemory>,
         access: Access,
     ) -> Result<u32, MrError> {
-        if self.pds.get(pd.0 as usize) != Some(&true) {
-            return Err(MrError::NoSuchPd);
-        }
-        let remote_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
-            return Err(MrError::BadAccessFlags);
-        }
-        va.checked_add(mem.len() as u64)
-            .ok_or(MrError::OutOfBounds)?;
+        self.check_registration(pd, va, mem.len(), access)?;
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -319,15 +331,7 @@ impl MrTable {
         mem: Box<dyn MrMemory>,
         access: Access,
     ) -> Result<(), MrError> {
-        if self.pds.get(pd.0 as usize) != Some(&true) {
-            return Err(MrError::NoSuchPd);
-        }
-        let remote_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        if access.bits() & remote_writes.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
-            return Err(MrError::BadAccessFlags);
-        }
-        va.checked_add(mem.len() as u64)
-            .ok_or(MrError::OutOfBounds)?;
+        self.check_registration(pd, va, mem.len(), access)?;
         let index = (key >> 8) as usize;
         if index >= MAX_REGIONS {
             return Err(MrError::TooMany);
