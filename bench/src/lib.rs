@@ -114,6 +114,21 @@ pub fn last_rx_pps(testpmd_output: &str) -> Option<f64> {
         .next_back()
 }
 
+/// EAL arguments for a dpdk-testpmd with one forwarding lcore on `cpu` and the vdev `vdev`
+/// (the main lcore may use every CPU; no PCI; hugepage files unlinked).
+pub fn testpmd_eal(cpu: usize, vdev: &str) -> Vec<String> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    vec![
+        "--no-pci".into(),
+        "--huge-unlink".into(),
+        "--log-level=warning".into(),
+        format!("--lcores=0@(0-{}),1@{cpu}", cpus - 1),
+        format!("--vdev={vdev}"),
+    ]
+}
+
 /// The median of a sample (the mean of the middle two for an even count).
 pub fn median(xs: &[f64]) -> f64 {
     assert!(!xs.is_empty(), "median of nothing");

@@ -774,13 +774,7 @@ async fn stats(State(s): State<Arc<ApiState>>) -> Reply {
         .iter()
         .enumerate()
         .map(|(i, h)| {
-            let mut m: serde_json::Map<String, Value> =
-                h.qp.named()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), json!(v)))
-                    .collect();
-            m.insert("handoffs".into(), json!(h.handoffs));
-            m.insert("handoff_drops".into(), json!(h.handoff_drops));
+            let mut m = crate::rdma::host_counters_json(h);
             if let Some(lc) = s2.lcore_counters.get(i) {
                 for (k, v) in lc.snapshot() {
                     m.insert(k.to_string(), json!(v));

@@ -371,16 +371,7 @@ where
         .unwrap_or_default()
         .iter()
         .enumerate()
-        .map(|(i, h)| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                h.qp.named()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), json!(v)))
-                    .collect();
-            m.insert("handoffs".into(), json!(h.handoffs));
-            m.insert("handoff_drops".into(), json!(h.handoff_drops));
-            json!({"lcore": i, "counters": m})
-        })
+        .map(|(i, h)| json!({"lcore": i, "counters": crate::rdma::host_counters_json(h)}))
         .collect();
     drop(api);
     // Ask for the neighbour tables before stopping.

@@ -664,6 +664,19 @@ impl Rdma {
     }
 }
 
+/// An lcore's RDMA counters as JSON: the QP counters under their rxe/mlx5 names, summed, and
+/// the handoffs.
+pub fn host_counters_json(h: &HostCounters) -> serde_json::Map<String, serde_json::Value> {
+    let mut m: serde_json::Map<String, serde_json::Value> =
+        h.qp.named()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+    m.insert("handoffs".into(), h.handoffs.into());
+    m.insert("handoff_drops".into(), h.handoff_drops.into());
+    m
+}
+
 /// The name of a QP state as `rdma resource show qp` prints it.
 pub fn state_name(s: QpState) -> &'static str {
     match s {

@@ -14,7 +14,7 @@
 //!   loop is as large as memif allows.
 //! - `copy`: both sides copy (generator server, DUT client), as two ordinary memif processes.
 
-use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, wait_or_kill};
+use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, testpmd_eal, wait_or_kill};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -61,22 +61,6 @@ enum Dut {
     Roced,
 }
 
-fn eal(cpu: usize, vdev: &str) -> Vec<String> {
-    vec![
-        "--no-pci".into(),
-        "--huge-unlink".into(),
-        "--log-level=warning".into(),
-        format!(
-            "--lcores=0@(0-{}),1@{cpu}",
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-                - 1
-        ),
-        format!("--vdev={vdev}"),
-    ]
-}
-
 /// A running DUT: dpdk-testpmd or roced.
 enum DutProc {
     Testpmd(Testpmd),
@@ -111,7 +95,7 @@ fn start_dut(
         Dut::Testpmd => {
             let mut t = Testpmd::start(
                 "ferroce-bench-dut",
-                &eal(a.dut_cpu, &vdev),
+                &testpmd_eal(a.dut_cpu, &vdev),
                 &[
                     "--forward-mode=macswap".into(),
                     "--auto-start".into(),
@@ -164,7 +148,7 @@ fn measure(
         dut_proc = Some(start_dut(a, dut, "server", dir, &tag)?);
         std::thread::sleep(Duration::from_millis(1500));
     }
-    let mut gen_eal = eal(
+    let mut gen_eal = testpmd_eal(
         a.gen_cpu,
         &format!(
             "net_memif0,role={},socket={SOCK}{}",

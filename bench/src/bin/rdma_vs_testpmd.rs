@@ -13,7 +13,7 @@
 //! - 64 KiB WRITE payload bandwidth / testpmd frame bandwidth at the frames a 4096-byte path
 //!   MTU makes (payload only for ferroce, whole frames for testpmd: the ratio is conservative).
 
-use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, wait_or_kill};
+use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, testpmd_eal, wait_or_kill};
 use clap::Parser;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -59,22 +59,6 @@ const BSIZE: u32 = 9088;
 /// payload 4096, ICRC 4.
 const MTU4096_FRAME: u32 = 14 + 20 + 8 + 12 + 4096 + 4;
 
-fn eal(cpu: usize, vdev: &str) -> Vec<String> {
-    vec![
-        "--no-pci".into(),
-        "--huge-unlink".into(),
-        "--log-level=warning".into(),
-        format!("--lcores=0@(0-{}),1@{cpu}", num_cpus() - 1),
-        format!("--vdev={vdev}"),
-    ]
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-}
-
 /// testpmd txonly -> rxonly at `frame` bytes: the receiver's packets per second.
 fn testpmd_rate(a: &Args, frame: u32, dir: &Path, tag: &str) -> Result<f64, String> {
     let _ = std::fs::remove_file(SOCK);
@@ -89,7 +73,7 @@ fn testpmd_rate(a: &Args, frame: u32, dir: &Path, tag: &str) -> Result<f64, Stri
     };
     let mut rx = Testpmd::start(
         "ferroce-bench-rx",
-        &eal(a.rx_cpu, &vdev("server")),
+        &testpmd_eal(a.rx_cpu, &vdev("server")),
         &common("rxonly"),
         &dir.join(format!("tp-rx-{tag}.log")),
     )
@@ -97,7 +81,7 @@ fn testpmd_rate(a: &Args, frame: u32, dir: &Path, tag: &str) -> Result<f64, Stri
     std::thread::sleep(Duration::from_millis(1500));
     let mut tx = Testpmd::start(
         "ferroce-bench-tx",
-        &eal(a.tx_cpu, &vdev("client")),
+        &testpmd_eal(a.tx_cpu, &vdev("client")),
         &common("txonly"),
         &dir.join(format!("tp-tx-{tag}.log")),
     )

@@ -190,7 +190,13 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> i32 {
 
 /// The sum of one counter over every lcore in a report.
 pub fn counter(report: &serde_json::Value, name: &str) -> u64 {
-    report["lcores"]
+    counter_in(report, "lcores", name)
+}
+
+/// The sum of one counter over the per-lcore entries under `section` ("lcores" for the
+/// loop's counters, "rdma" for the transport's).
+pub fn counter_in(report: &serde_json::Value, section: &str, name: &str) -> u64 {
+    report[section]
         .as_array()
         .map(|v| {
             v.iter()

@@ -327,17 +327,12 @@ pub fn every_opcode(
     assert_eq!(get(b, kb, word, 8), 7u64.to_le_bytes(), "and leaves it");
 }
 
+/// Message sizes every opcode is tried at: around each MTU and up to 1 MiB.
 pub const SIZES: [usize; 11] = [1, 3, 64, 1023, 1024, 1025, 4095, 4096, 4097, 65536, 1 << 20];
 
+/// The sum of one RDMA counter over a report's lcores.
 pub fn sum(report: &Value, name: &str) -> u64 {
-    report["rdma"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .map(|l| l["counters"][name].as_u64().unwrap_or(0))
-                .sum()
-        })
-        .unwrap_or(0)
+    counter_in(report, "rdma", name)
 }
 
 /// Posts a 4 KiB WRITE from A's slot `i` to B's slot `i` on every pair, then waits for every
