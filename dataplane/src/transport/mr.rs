@@ -293,31 +293,28 @@ impl MrTable {
         mem: Box<dyn MrMemory>,
         access: Access,
     ) -> Result<u32, MrError> {
-        self.check_registration(pd, va, mem.len(), access)?;
+        // A free slot (or a new one), its next tag; register_at checks and installs.
         let index = match self.free.pop() {
             Some(i) => i,
-            None => {
-                if self.slots.len() >= MAX_REGIONS {
-                    return Err(MrError::TooMany);
-                }
-                self.slots.push(None);
-                self.tags.push(0);
-                self.slots.len() as u32 - 1
-            }
+            None if self.slots.len() >= MAX_REGIONS => return Err(MrError::TooMany),
+            None => self.slots.len() as u32,
         };
-        let tag = &mut self.tags[index as usize];
-        *tag = tag.wrapping_add(1);
-        let key = index << 8 | *tag as u32;
-        self.slots[index as usize] = Some(MemoryRegion {
-            pd,
-            lkey: key,
-            rkey: key,
-            va,
-            access,
-            mem,
-        });
-        self.count += 1;
-        Ok(key)
+        let tag = self
+            .tags
+            .get(index as usize)
+            .copied()
+            .unwrap_or(0)
+            .wrapping_add(1);
+        let key = index << 8 | tag as u32;
+        match self.register_at(pd, key, va, mem, access) {
+            Ok(()) => Ok(key),
+            Err(e) => {
+                if (index as usize) < self.slots.len() {
+                    self.free.push(index);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Registers `mem` under a key chosen elsewhere (the node-wide table that hands keys out
