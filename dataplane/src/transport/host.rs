@@ -566,8 +566,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                 let r = match self.index(qpn) {
                     Some(i) => {
                         let s = self.slots[i].as_mut().expect("index checked");
-                        s.port = port;
-                        s.qp.connect(&c).map_err(|e| e.to_string())
+                        let r = s.qp.connect(&c).map_err(|e| e.to_string());
+                        if r.is_ok() {
+                            s.port = port;
+                        }
+                        r
                     }
                     None => Err(format!("no QP {qpn:#x} on this lcore")),
                 };
