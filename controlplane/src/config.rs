@@ -689,6 +689,22 @@ mod tests {
         assert_eq!(p.ports[0].device_name, "net_null0");
         assert_eq!(p.eal.vdevs, vec!["net_null0".to_string()]);
         assert_eq!(p.net.routes.len(), 1);
+        assert_eq!(
+            p.api,
+            Some("127.0.0.1:7470".parse().unwrap()),
+            "the API's default"
+        );
+        assert_eq!(p.idle_sleep, None, "workers spin by default");
+        let p = Config::parse(
+            &cfg("[api]\nlisten = \"off\"\n")
+                .replace("lcores = [0]", "lcores = [0]\nidle_sleep_us = 20"),
+            "t",
+        )
+        .unwrap()
+        .plan()
+        .unwrap();
+        assert_eq!(p.api, None);
+        assert_eq!(p.idle_sleep, Some(std::time::Duration::from_micros(20)));
     }
 
     #[test]
@@ -710,6 +726,10 @@ mod tests {
         );
         let e = err(&cfg("").replace("10.0.0.1/24", "10.0.0.300/24"));
         assert!(e.contains("ports[0].addresses[0]"), "{e}");
+        let e = err(&cfg("[api]\nlisten = \"localhost\"\n"));
+        assert!(e.contains("api.listen"), "{e}");
+        let e = err(&cfg("").replace("lcores = [0]", "lcores = [0]\nidle_sleep_us = 500000"));
+        assert!(e.contains("dataplane.idle_sleep_us"), "{e}");
         let e = err(&cfg("").replace("10.0.0.1/24", "10.0.0.1"));
         assert!(e.contains("prefix length"), "{e}");
         let e = err(&cfg("vlan = 5000\n"));

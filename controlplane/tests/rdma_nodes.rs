@@ -318,3 +318,162 @@ fn transfers_complete_over_links_that_lose_reorder_and_duplicate() {
     );
     assert_eq!(c("req_transport_retries_exceeded"), 0);
 }
+
+#[test]
+fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("bad", 7530);
+    let a = &n.api[0];
+    let code = |r: (u16, Value)| (r.0, r.1["code"].as_str().unwrap_or("").to_string());
+    // Regions.
+    assert_eq!(
+        code(a.post_text("/v1/mrs", "{not json")),
+        (400, "bad_body".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/mrs", json!({"length": 0}))),
+        (400, "bad_length".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/mrs", json!({"length": 8, "access": ["remote-write"]}))),
+        (400, "bad_access".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/mrs", json!({"length": 8, "access": ["everything"]}))),
+        (400, "bad_access".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/mrs", json!({"length": 8, "colour": "red"}))),
+        (400, "bad_body".into())
+    );
+    assert_eq!(
+        a.ok(a.get("/v1/mrs")).as_array().unwrap().len(),
+        0,
+        "no region was made"
+    );
+    let (key, addr) = reg(a, 4096);
+    assert_eq!(
+        code(a.put_bytes(
+            &format!("/v1/mrs/{key}/data?addr={}", addr + 4090),
+            &[0u8; 16]
+        )),
+        (400, "out_of_bounds".into())
+    );
+    assert_eq!(
+        code(a.get(&format!("/v1/mrs/{}", key + 1))),
+        (404, "not_found".into())
+    );
+    assert_eq!(code(a.delete("/v1/mrs/zzz")), (400, "bad_path".into()));
+    assert_eq!(
+        get(a, key, addr, 16),
+        vec![0u8; 16],
+        "the refused write changed nothing"
+    );
+    // QPs.
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"lcore": 9}))),
+        (400, "bad_lcore".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"cc": "reno"}))),
+        (400, "bad_cc".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"dcqcn": {"rpg_time_reset": 0}}))),
+        (400, "bad_cc".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"dcqcn": {"no_such_knob": 1}}))),
+        (400, "bad_cc".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"max_send_wr": 1_000_000}))),
+        (400, "bad_caps".into())
+    );
+    assert_eq!(
+        a.ok(a.get("/v1/qps")).as_array().unwrap().len(),
+        0,
+        "no QP was made"
+    );
+    let q = create_qp(a, None);
+    let connect = |body: Value| code(a.post(&format!("/v1/qps/{q}/connect"), body));
+    assert_eq!(
+        connect(json!({"remote_qpn": 2, "remote_gid": "10.89.0.2", "mtu": 1000})),
+        (400, "bad_attr".into())
+    );
+    assert_eq!(
+        connect(json!({"remote_qpn": 2, "remote_gid": "not-an-ip"})),
+        (400, "bad_gid".into())
+    );
+    assert_eq!(
+        connect(json!({"remote_qpn": 2, "remote_gid": "192.0.2.1"})),
+        (400, "no_route".into())
+    );
+    assert_eq!(
+        connect(json!({"remote_qpn": 1 << 24, "remote_gid": "10.89.0.2"})),
+        (400, "bad_attr".into())
+    );
+    assert_eq!(
+        connect(json!({"remote_qpn": 2, "remote_gid": "10.89.0.2", "retry_cnt": 8})),
+        (400, "bad_attr".into())
+    );
+    assert_eq!(
+        a.ok(a.get(&format!("/v1/qps/{q}")))["state"],
+        "RESET",
+        "refused connects left it in RESET"
+    );
+    // Posting on a QP that is not connected is refused; so are bad work requests.
+    let wr = json!({"opcode": "write", "sge": sge(addr, 8, key), "remote_addr": 0, "rkey": 1});
+    assert_eq!(
+        code(a.post(&format!("/v1/qps/{q}/send"), wr)),
+        (409, "post_refused".into())
+    );
+    assert_eq!(
+        code(a.post(&format!("/v1/qps/{q}/send"), json!({"opcode": "teleport"}))),
+        (400, "bad_wr".into())
+    );
+    assert_eq!(
+        code(a.post(
+            &format!("/v1/qps/{q}/send"),
+            json!({"opcode": "read", "sge": []})
+        )),
+        (400, "bad_wr".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps/77/send", json!({"opcode": "send"}))),
+        (404, "not_found".into())
+    );
+    assert_eq!(
+        code(a.post(
+            &format!("/v1/qps/{q}/stream"),
+            json!({"opcode": "send", "count": 1})
+        )),
+        (409, "stream_refused".into())
+    );
+    assert_eq!(code(a.get("/v2/qps")), (404, "not_found".into()));
+    // Connected, then connected again: refused, and the QP still works.
+    let qb = create_qp(&n.api[1], None);
+    connect_pair_check(&n, q, qb, (key, addr));
+    let again = code(a.post(
+        &format!("/v1/qps/{q}/connect"),
+        json!({"remote_qpn": qb, "remote_gid": "10.89.0.2"}),
+    ));
+    assert_eq!(again, (409, "bad_state".into()));
+    assert_eq!(a.ok(a.get(&format!("/v1/qps/{q}")))["state"], "RTS");
+    n.stop();
+}
+
+/// Connects `qa` (node 0) and `qb` (node 1) and moves one WRITE into a fresh region on B.
+fn connect_pair_check(n: &Cluster, qa: u32, qb: u32, (ka, aa): (u32, u64)) {
+    connect(&n.api[0], qa, qb, "10.89.0.2", 1024);
+    connect(&n.api[1], qb, qa, "10.89.0.1", 1024);
+    let (kb, ab) = reg(&n.api[1], 4096);
+    put(&n.api[0], ka, aa, b"checked!");
+    post(
+        &n.api[0],
+        qa,
+        json!({"opcode": "write", "sge": sge(aa, 8, ka), "remote_addr": ab, "rkey": kb}),
+    );
+    assert_eq!(completion(&n.api[0], qa, false)["status"], "success");
+    assert_eq!(get(&n.api[1], kb, ab, 8), b"checked!");
+}
