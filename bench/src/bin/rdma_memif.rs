@@ -60,23 +60,14 @@ fn main() {
     ] {
         let mut runs: Vec<(f64, f64)> = Vec::new();
         for _ in 0..a.rounds {
-            let mut sg = arrayvec::ArrayVec::new();
-            sg.push(Sge {
-                addr: PAIR_VA,
-                length: size,
-                lkey: pair.ka,
-            });
-            let wr = SendWr {
-                wr_id: 0,
-                op: SendOp::Write {
+            let wr = SendWr::new(
+                0,
+                SendOp::Write {
                     remote_addr: PAIR_VA,
                     rkey: pair.kb,
                 },
-                sg,
-                signaled: true,
-                solicited: false,
-                fence: false,
-            };
+                Sge::list(PAIR_VA, size, pair.ka),
+            );
             let (tx, rx) = crossbeam_channel::unbounded();
             ctls[0]
                 .send(Command::Handler(RdmaCommand::Stream {

@@ -895,27 +895,11 @@ pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Resu
         reply,
     })?
     .map_err(|e| e.to_string())?;
-    let sg = |key: u32, va: u64, len: u32| {
-        let mut v: ArrayVec<Sge, 8> = ArrayVec::new();
-        v.push(Sge {
-            addr: va,
-            length: len,
-            lkey: key,
-        });
-        v
-    };
+    let sg = |key: u32, va: u64, len: u32| Sge::list(va, len, key);
     let post = |c: &HostControl, q: u32, id: u64, op: SendOp, sg: ArrayVec<Sge, 8>| {
-        let wr = SendWr {
-            wr_id: id,
-            op,
-            sg,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        };
         ask(c, |reply| RdmaCommand::PostSend {
             qpn: q,
-            wr: Box::new(wr),
+            wr: Box::new(SendWr::new(id, op, sg)),
             reply,
         })?
     };
@@ -1065,23 +1049,14 @@ mod tests {
         );
         // A stream the lcore keeps posted itself: 2000 WRITEs of 4 KiB, 16 outstanding.
         let pair = connect_pair(a, b, Mtu::M4096, CcKind::Dcqcn).unwrap();
-        let mut sgl = ArrayVec::new();
-        sgl.push(crate::transport::wr::Sge {
-            addr: PAIR_VA,
-            length: 4096,
-            lkey: pair.ka,
-        });
-        let wr = SendWr {
-            wr_id: 0,
-            op: SendOp::Write {
+        let wr = SendWr::new(
+            0,
+            SendOp::Write {
                 remote_addr: PAIR_VA,
                 rkey: pair.kb,
             },
-            sg: sgl,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        };
+            crate::transport::wr::Sge::list(PAIR_VA, 4096, pair.ka),
+        );
         let r_wr = wr.clone();
         let r = ask(a, |reply| RdmaCommand::Stream {
             qpn: pair.qpa,
@@ -1123,14 +1098,7 @@ mod tests {
         .unwrap();
         assert_eq!(shard_of(q), 1);
         // Wrong input gets an answer, not a panic.
-        let wr = SendWr {
-            wr_id: 9,
-            op: SendOp::Send,
-            sg: ArrayVec::new(),
-            signaled: true,
-            solicited: false,
-            fence: false,
-        };
+        let wr = SendWr::new(9, SendOp::Send, ArrayVec::new());
         let r = ask(a, |reply| RdmaCommand::PostSend {
             qpn: 0x77,
             wr: Box::new(wr),

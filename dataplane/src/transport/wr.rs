@@ -33,6 +33,15 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+impl Sge {
+    /// An SG list of the one entry `length` bytes at `addr` in the region `lkey`.
+    pub fn list(addr: u64, length: u32, lkey: u32) -> ArrayVec<Sge, MAX_SGE> {
+        let mut v = ArrayVec::new();
+        v.push(Sge { addr, length, lkey });
+        v
+    }
+}
+
 /// What a send work request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendOp {
@@ -127,6 +136,18 @@ pub struct SendWr {
 }
 
 impl SendWr {
+    /// A signalled request with no fence and no solicited event (what most callers post).
+    pub fn new(wr_id: u64, op: SendOp, sg: ArrayVec<Sge, MAX_SGE>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            sg,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        }
+    }
+
     /// Total bytes of the SG list.
     pub fn length(&self) -> u64 {
         self.sg.iter().map(|s| s.length as u64).sum()
