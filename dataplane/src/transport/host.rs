@@ -1021,6 +1021,19 @@ mod tests {
         (tx, std::thread::spawn(move || w.run()))
     }
 
+    /// Stops the workers and waits for them.
+    fn stop_all<'a, T>(
+        ctls: impl IntoIterator<Item = &'a HostControl>,
+        threads: Vec<std::thread::JoinHandle<T>>,
+    ) {
+        for c in ctls {
+            c.send(Command::Stop).unwrap();
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     #[test]
     fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
         let (qa, qb) = link(info(1), info(2), 8192);
@@ -1107,12 +1120,7 @@ mod tests {
         .unwrap();
         assert!(r.unwrap_err().contains("no QP"));
         assert!(!ask(a, |reply| RdmaCommand::DestroyQp { qpn: 0x77, reply }).unwrap());
-        for c in &ctls {
-            c.send(Command::Stop).unwrap();
-        }
-        for t in threads {
-            t.join().unwrap();
-        }
+        stop_all(&ctls, threads);
     }
 
     #[test]
@@ -1154,12 +1162,7 @@ mod tests {
             "{ca:?}"
         );
         assert!(cb.duplicate_request + cb.out_of_sequence > 0, "{cb:?}");
-        for c in &ctls {
-            c.send(Command::Stop).unwrap();
-        }
-        for t in threads {
-            t.join().unwrap();
-        }
+        stop_all(&ctls, threads);
     }
 
     #[test]
@@ -1185,11 +1188,6 @@ mod tests {
         assert!(b_lcore0.handoffs >= 1024, "{b_lcore0:?}");
         assert!(a_lcore1.handoffs > 0, "{a_lcore1:?}");
         assert_eq!(b_lcore0.handoff_drops + a_lcore1.handoff_drops, 0);
-        for c in ctls.iter().flatten() {
-            c.send(Command::Stop).unwrap();
-        }
-        for t in threads {
-            t.join().unwrap();
-        }
+        stop_all(ctls.iter().flatten(), threads);
     }
 }
