@@ -352,6 +352,24 @@ impl<B: PacketBuf> RdmaHost<B> {
         self.slots.get(i)?.as_ref().map(|_| i)
     }
 
+    /// Applies `f` to the QP `qpn` and, if `ready`, puts it on the ready list (what `f` did
+    /// may let it send); the error names a QPN this lcore does not own.
+    fn on_qp<T>(
+        &mut self,
+        qpn: u32,
+        ready: bool,
+        f: impl FnOnce(&mut Slot) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let i = self
+            .index(qpn)
+            .ok_or_else(|| format!("no QP {qpn:#x} on this lcore"))?;
+        let r = f(self.slots[i].as_mut().expect("index checked"));
+        if ready {
+            self.mark_ready(i);
+        }
+        r
+    }
+
     fn mark_ready(&mut self, i: usize) {
         if let Some(s) = self.slots[i].as_mut()
             && !s.ready
@@ -563,17 +581,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                 port,
                 reply,
             } => {
-                let r = match self.index(qpn) {
-                    Some(i) => {
-                        let s = self.slots[i].as_mut().expect("index checked");
-                        let r = s.qp.connect(&c).map_err(|e| e.to_string());
-                        if r.is_ok() {
-                            s.port = port;
-                        }
-                        r
-                    }
-                    None => Err(format!("no QP {qpn:#x} on this lcore")),
-                };
+                let r = self.on_qp(qpn, false, |s| {
+                    s.qp.connect(&c).map_err(|e| e.to_string())?;
+                    s.port = port;
+                    Ok(())
+                });
                 let _ = reply.send(r);
             }
             RdmaCommand::Modify {
@@ -582,18 +594,13 @@ impl<B: PacketBuf> RdmaHost<B> {
                 port,
                 reply,
             } => {
-                let r = match self.index(qpn) {
-                    Some(i) => {
-                        let s = self.slots[i].as_mut().expect("index checked");
-                        let r = s.qp.modify(&attr).map_err(|e| e.to_string());
-                        if r.is_ok() && attr.path.is_some() {
-                            s.port = port;
-                        }
-                        self.mark_ready(i);
-                        r
+                let r = self.on_qp(qpn, true, |s| {
+                    s.qp.modify(&attr).map_err(|e| e.to_string())?;
+                    if attr.path.is_some() {
+                        s.port = port;
                     }
-                    None => Err(format!("no QP {qpn:#x} on this lcore")),
-                };
+                    Ok(())
+                });
                 let _ = reply.send(r);
             }
             RdmaCommand::Query { qpn, reply } => {
@@ -621,31 +628,15 @@ impl<B: PacketBuf> RdmaHost<B> {
                 let _ = reply.send(q);
             }
             RdmaCommand::PostSend { qpn, wr, reply } => {
-                let r = match self.index(qpn) {
-                    Some(i) => {
-                        let r = self.slots[i]
-                            .as_mut()
-                            .expect("index checked")
-                            .qp
-                            .post_send(*wr)
-                            .map_err(|e: PostError| e.to_string());
-                        self.mark_ready(i);
-                        r
-                    }
-                    None => Err(format!("no QP {qpn:#x} on this lcore")),
-                };
+                let r = self.on_qp(qpn, true, |s| {
+                    s.qp.post_send(*wr).map_err(|e: PostError| e.to_string())
+                });
                 let _ = reply.send(r);
             }
             RdmaCommand::PostRecv { qpn, wr, reply } => {
-                let r = match self.index(qpn) {
-                    Some(i) => self.slots[i]
-                        .as_mut()
-                        .expect("index checked")
-                        .qp
-                        .post_recv(*wr)
-                        .map_err(|e| e.to_string()),
-                    None => Err(format!("no QP {qpn:#x} on this lcore")),
-                };
+                let r = self.on_qp(qpn, false, |s| {
+                    s.qp.post_recv(*wr).map_err(|e| e.to_string())
+                });
                 let _ = reply.send(r);
             }
             RdmaCommand::PollCq { qpn, max, reply } => {
