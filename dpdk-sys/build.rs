@@ -39,6 +39,9 @@ const FUNCTIONS: &[&str] = &[
     "rte_pktmbuf_reset",
     "rte_pktmbuf_attach_extbuf",
     "rte_pktmbuf_ext_shinfo_init_helper",
+    "rte_mbuf_ext_refcnt_update",
+    "rte_mbuf_ext_refcnt_read",
+    "rte_pktmbuf_chain",
     "rte_malloc",
     "rte_zmalloc",
     "rte_free",
@@ -67,6 +70,10 @@ const FUNCTIONS: &[&str] = &[
     "rte_eth_xstats_get",
     "rte_eth_xstats_get_names",
     "rte_eth_rx_burst",
+    "rte_eth_dev_rss_hash_update",
+    "rte_eth_dev_rss_hash_conf_get",
+    "rte_eth_dev_rss_reta_update",
+    "rte_eth_dev_rss_reta_query",
     "rte_eth_tx_burst",
     // rings (lock-free handoff between lcores)
     "rte_ring_create",
@@ -92,6 +99,8 @@ const TYPES: &[&str] = &[
     "rte_ether_addr",
     "rte_ring",
     "rte_mbuf_ext_shared_info",
+    "rte_eth_rss_conf",
+    "rte_eth_rss_reta_entry64",
 ];
 
 const VARS: &[&str] = &[
@@ -110,6 +119,7 @@ const VARS: &[&str] = &[
     "RING_F_.*",
     "RTE_ETH_XSTATS_NAME_SIZE",
     "RTE_ETHDEV_QUEUE_STAT_CNTRS",
+    "RTE_ETH_RETA_GROUP_SIZE",
 ];
 
 fn main() {

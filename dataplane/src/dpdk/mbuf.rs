@@ -243,3 +243,139 @@ impl PacketBuf for Mbuf {
         unsafe { sys::ferroce_mbuf_set_tx_offload(self.0.as_ptr(), req.l2_len, req.l3_len, flags) }
     }
 }
+
+impl Mbuf {
+    /// Appends `tail` (and its segments) to this mbuf's chain. Gives `tail` back when the chain
+    /// would exceed DPDK's segment limit.
+    pub fn chain(&mut self, tail: Mbuf) -> Result<(), Mbuf> {
+        let t = tail.into_raw();
+        // SAFETY: both are valid mbufs we own; on success DPDK links `t` after our last segment
+        // (the head then frees it), on failure nothing changes and `t` is still ours.
+        let rc = unsafe { sys::rte_pktmbuf_chain(self.0.as_ptr(), t.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            // SAFETY: the chain was refused, so we still own `t`.
+            Err(unsafe { Mbuf::from_raw(t) })
+        }
+    }
+
+    /// Total bytes over every segment.
+    pub fn pkt_len(&self) -> u32 {
+        self.m().pkt_len
+    }
+}
+
+/// Hugepage memory that mbufs can carry as an external buffer (`rte_pktmbuf_attach_extbuf`)
+/// instead of having its bytes copied into their own room: the zero-copy way to put a memory
+/// region's payload on the wire.
+///
+/// It keeps one DPDK shared-info block for the whole memory. Every attached mbuf holds a
+/// reference in it and drops it when the mbuf is freed (after the PMD transmitted it); the
+/// memory itself is held by this value, whose drop waits for no mbuf: dropping it while mbufs
+/// are still attached leaks the memory on purpose rather than letting them point at freed bytes.
+pub struct ExtMem {
+    mem: crate::mem::SharedMem,
+    iova: u64,
+    shinfo: Box<sys::rte_mbuf_ext_shared_info>,
+}
+
+// SAFETY: the shared-info block is only touched through DPDK's atomic reference-count calls, and
+// the memory is a SharedMem (Send + Sync).
+unsafe impl Send for ExtMem {}
+// SAFETY: as above.
+unsafe impl Sync for ExtMem {}
+
+unsafe extern "C" fn ext_mem_free(_addr: *mut core::ffi::c_void, _opaque: *mut core::ffi::c_void) {
+    // The memory belongs to the ExtMem; the last mbuf going away frees nothing.
+}
+
+impl core::fmt::Debug for ExtMem {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ExtMem")
+            .field("mem", &self.mem)
+            .field("attached", &self.attached())
+            .finish()
+    }
+}
+
+impl ExtMem {
+    /// Wraps hugepage memory (from [`super::HugepageHeap`]); `None` for heap memory, which has
+    /// no IO address a device could read.
+    pub fn new(mem: crate::mem::SharedMem) -> Option<Self> {
+        if !mem.is_hugepage() {
+            return None;
+        }
+        // SAFETY: the address is the start of a live rte_zmalloc block.
+        let iova = unsafe { sys::rte_malloc_virt2iova(mem.addr() as *const core::ffi::c_void) };
+        if iova == u64::MAX {
+            return None;
+        }
+        let shinfo = Box::new(sys::rte_mbuf_ext_shared_info {
+            free_cb: Some(ext_mem_free),
+            fcb_opaque: core::ptr::null_mut(),
+            refcnt: 1,
+        });
+        Some(ExtMem { mem, iova, shinfo })
+    }
+
+    /// The memory.
+    pub fn mem(&self) -> &crate::mem::SharedMem {
+        &self.mem
+    }
+
+    /// Points the fresh mbuf `m` (single segment, empty, from any pool) at `len` bytes of the
+    /// memory from `off`, without copying them. False (and `m` unchanged) when the range is
+    /// outside the memory or `m` is not a fresh direct mbuf.
+    #[inline]
+    pub fn attach(&self, m: &mut Mbuf, off: usize, len: u16) -> bool {
+        let end = off.checked_add(len as usize);
+        if end.is_none_or(|e| e > self.mem.len()) || m.m().nb_segs != 1 || m.m().data_len != 0 {
+            return false;
+        }
+        let sh = &*self.shinfo as *const sys::rte_mbuf_ext_shared_info as *mut _;
+        // SAFETY: the range is inside the live block (checked); `sh` is our boxed shared info,
+        // which outlives every attached mbuf (see the type's documentation); DPDK's refcount
+        // update is atomic; attach sets buf_addr/iova/len and the EXTBUF flag on an mbuf we own.
+        unsafe {
+            sys::rte_mbuf_ext_refcnt_update(sh, 1);
+            let addr = (self.mem.addr() as usize + off) as *mut core::ffi::c_void;
+            sys::rte_pktmbuf_attach_extbuf(m.0.as_ptr(), addr, self.iova + off as u64, len, sh);
+        }
+        let mm = m.m_mut();
+        mm.data_len = len;
+        mm.pkt_len = len as u32;
+        true
+    }
+
+    /// Mbufs attached now and not yet freed.
+    pub fn attached(&self) -> u16 {
+        // SAFETY: reads our shared info's atomic count.
+        unsafe { sys::rte_mbuf_ext_refcnt_read(&*self.shinfo) - 1 }
+    }
+
+    /// The bytes `off..off + len`, for a reader that needs a slice (a CRC). The caller must
+    /// know nobody writes them meanwhile (remote WRITEs into a region being sent from are the
+    /// application's race, as on any RNIC).
+    pub fn with_bytes<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.mem.len()));
+        // SAFETY: in bounds (checked); u8 has no invalid values; see the caller's contract.
+        let s = unsafe {
+            core::slice::from_raw_parts((self.mem.addr() as usize + off) as *const u8, len)
+        };
+        f(s)
+    }
+}
+
+impl Drop for ExtMem {
+    fn drop(&mut self) {
+        if self.attached() != 0 {
+            // Mbufs still point into the memory: keep it (and the shared info) alive forever.
+            std::mem::forget(self.mem.clone());
+            std::mem::forget(core::mem::replace(
+                &mut self.shinfo,
+                Box::new(sys::rte_mbuf_ext_shared_info::default()),
+            ));
+        }
+    }
+}
