@@ -125,6 +125,7 @@ pub fn run(
             tx_ipv4_cksum_offload = info.caps.tx_ipv4_cksum,
             rx_ipv4_cksum_offload = info.caps.rx_ipv4_cksum,
             rss = info.caps.rss,
+            rss_steering = info.caps.rss_steering,
             "port started"
         );
         ports.push(port);

@@ -14,7 +14,7 @@ use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{WcOpcode, WcStatus, WorkCompletion};
-use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult};
+use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path, QpState};
 use dataplane::transport::rc::{Connect, QpCaps};
@@ -224,14 +224,13 @@ pub fn parse_gid(s: &str) -> Result<IpAddr, ApiError> {
         .map_err(|_| ApiError::bad("bad_gid", format!("{s:?} is not an IPv4 or IPv6 GID")))
 }
 
-/// The UDP source port of a QP's packets, as Linux picks it (0xC000 | 14 bits of a hash of
-/// the QPN pair), so flows of different QPs spread over ECMP paths and RSS queues.
-pub fn udp_sport(lqpn: u32, rqpn: u32) -> u16 {
-    let mut h = (lqpn as u64) << 32 | rqpn as u64;
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    0xC000 | (h as u16 & 0x3fff)
+/// The UDP source port of a QP's packets towards `remote_qpn` at `remote_ip`: Linux's choice
+/// for the QPN pair (`source_port_for_qp`), moved to the nearest port with which a receiver
+/// whose ports run ferroce's RSS set-up delivers the packets on the queue of the lcore owning
+/// the remote QP (its QPN names it; see `dataplane::port::rss`), so they need no handoff there.
+pub fn udp_sport(lqpn: u32, local_ip: IpAddr, remote_ip: IpAddr, remote_qpn: u32) -> u16 {
+    let base = dataplane::wire::udp::source_port_for_qp(lqpn, remote_qpn);
+    dataplane::port::rss::steer_sport(local_ip, remote_ip, base, shard_of(remote_qpn) as u16)
 }
 
 impl Rdma {
@@ -550,7 +549,7 @@ impl Rdma {
             remote_ip: r.remote_gid,
             local_mac: self.macs[port].0,
             remote_mac: mac.0,
-            udp_sport: udp_sport(qpn, r.remote_qpn),
+            udp_sport: udp_sport(qpn, local, r.remote_gid, r.remote_qpn),
             dscp: r.dscp,
             ecn: 2,
             vlan,

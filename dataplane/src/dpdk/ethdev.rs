@@ -78,6 +78,25 @@ fn check(rc: i32, port: &str, op: &'static str) -> Result<(), Error> {
     }
 }
 
+/// Fills the port's redirection table with entry `j` -> queue `j % queues` (what
+/// `port::rss::steer_sport` assumes); false if the port has no table or refused it.
+fn set_reta(id: u16, reta_size: u16, queues: u16) -> bool {
+    let group = sys::RTE_ETH_RETA_GROUP_SIZE as usize;
+    let size = reta_size as usize;
+    if size == 0 || !size.is_multiple_of(group) || size > 512 {
+        return false;
+    }
+    let mut conf = [sys::rte_eth_rss_reta_entry64::default(); 512 / 64];
+    for (g, e) in conf.iter_mut().take(size / group).enumerate() {
+        e.mask = u64::MAX;
+        for (k, r) in e.reta.iter_mut().enumerate() {
+            *r = ((g * group + k) % queues as usize) as u16;
+        }
+    }
+    // SAFETY: `conf` holds size / 64 initialised groups, as the call reads.
+    unsafe { sys::rte_eth_dev_rss_reta_update(id, conf.as_mut_ptr(), reta_size) == 0 }
+}
+
 impl DpdkPort {
     /// Configures and starts a port: queues, MTU, checksum offloads where the device has them,
     /// RSS where it has it and more than one queue is used.
@@ -125,14 +144,25 @@ impl DpdkPort {
                 | sys::RTE_ETH_RSS_NONFRAG_IPV4_UDP
                 | sys::RTE_ETH_RSS_IPV6
                 | sys::RTE_ETH_RSS_NONFRAG_IPV6_UDP);
+        // ferroce's RSS key (see port::rss), where the port takes a key of its length; the
+        // array outlives the configure call that copies it.
+        let mut key = crate::port::rss::KEY;
         if setup.queues > 1 && rss_hf != 0 {
             conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
             conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
+            if di.hash_key_size as usize == key.len() {
+                conf.rx_adv_conf.rss_conf.rss_key = key.as_mut_ptr();
+                conf.rx_adv_conf.rss_conf.rss_key_len = key.len() as u8;
+            }
             caps.rss = true;
         }
-        // SAFETY: valid port and configuration.
+        // SAFETY: valid port and configuration; the key pointer, if set, is live.
         let rc = unsafe { sys::rte_eth_dev_configure(id, setup.queues, setup.queues, &conf) };
         check(rc, &name, "rte_eth_dev_configure")?;
+        if caps.rss {
+            caps.rss_steering = !conf.rx_adv_conf.rss_conf.rss_key.is_null()
+                && set_reta(id, di.reta_size, setup.queues);
+        }
         // SAFETY: valid port; MTU change before start.
         let rc = unsafe { sys::rte_eth_dev_set_mtu(id, setup.mtu) };
         if rc < 0 && rc != -(libc::ENOTSUP) {

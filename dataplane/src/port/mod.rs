@@ -5,6 +5,7 @@
 
 pub mod impair;
 pub mod mem;
+pub mod rss;
 
 use crate::buf::PacketBuf;
 use arrayvec::ArrayVec;
@@ -44,6 +45,9 @@ pub struct PortCaps {
     pub rx_ipv4_cksum: bool,
     /// The port spreads received flows over its queues by RSS.
     pub rss: bool,
+    /// Its RSS runs with ferroce's key and redirection table, so a ferroce peer's QPs steer
+    /// their packets to the owning lcore's queue (see [`rss`]).
+    pub rss_steering: bool,
 }
 
 /// What the loop needs to know about a port.
