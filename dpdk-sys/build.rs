@@ -42,6 +42,7 @@ const FUNCTIONS: &[&str] = &[
     "rte_mbuf_ext_refcnt_update",
     "rte_mbuf_ext_refcnt_read",
     "rte_pktmbuf_chain",
+    "rte_pktmbuf_linearize",
     "rte_malloc",
     "rte_zmalloc",
     "rte_free",

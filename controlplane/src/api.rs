@@ -260,6 +260,7 @@ async fn impair_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> R
                 ("cp_dropped", st.cp_dropped.get()),
                 ("cp_queue_bytes", st.cp_queue_bytes.get()),
                 ("cp_max_bytes", st.cp_max_bytes.get()),
+                ("dropped_unlinearizable", st.dropped_unlinearizable.get()),
             ] {
                 *t.entry(k).or_default() += v;
             }

@@ -124,6 +124,7 @@ pub fn run(
             mtu = info.mtu,
             tx_ipv4_cksum_offload = info.caps.tx_ipv4_cksum,
             rx_ipv4_cksum_offload = info.caps.rx_ipv4_cksum,
+            tx_multi_seg = info.caps.tx_multi_seg,
             rss = info.caps.rss,
             rss_steering = info.caps.rss_steering,
             "port started"

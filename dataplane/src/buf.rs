@@ -72,6 +72,29 @@ pub trait PacketBuf: Send + 'static {
     /// Asks the port to compute checksums on transmit. Only call it on ports whose
     /// capabilities include the offload; the default ignores the request.
     fn request_tx_offload(&mut self, _req: TxOffload) {}
+    /// Puts `len` bytes of `mem` from `off` after the frame without copying them (a segment
+    /// that points into the memory, which stays alive until the port has sent it), then a
+    /// fresh segment of `tail` bytes, which it returns to be filled. `None`, and the buffer
+    /// unchanged, where the backend cannot (heap buffers; memory without an IO address). Only
+    /// call it on ports whose capabilities include multi-segment transmit.
+    fn attach_payload(
+        &mut self,
+        _mem: &crate::mem::SharedMem,
+        _off: usize,
+        _len: usize,
+        _tail: usize,
+    ) -> Option<&mut [u8]> {
+        None
+    }
+    /// The whole frame's length over every segment ([`len`](Self::len) and
+    /// [`data`](Self::data) see only the first).
+    fn frame_len(&self) -> usize {
+        self.len()
+    }
+    /// Moves a multi-segment frame's bytes into its first segment; false if they do not fit.
+    fn linearize(&mut self) -> bool {
+        true
+    }
 }
 
 /// The in-memory backend's buffer: a fixed-size heap allocation reused through a pool.

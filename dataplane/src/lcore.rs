@@ -146,11 +146,11 @@ fn flush<Q: PortQueue>(q: &mut Q, tx: &mut Burst<Q::Buf>, c: &LcoreCounters) -> 
     if tx.is_empty() {
         return 0;
     }
-    let total: usize = tx.iter().map(|b| b.len()).sum();
+    let total: usize = tx.iter().map(|b| b.frame_len()).sum();
     let n = q.tx_burst(tx);
     let mut sent_bytes = total;
     if !tx.is_empty() {
-        sent_bytes -= tx.iter().map(|b| b.len()).sum::<usize>();
+        sent_bytes -= tx.iter().map(|b| b.frame_len()).sum::<usize>();
         c.count_drop(DropReason::TxFull, tx.len() as u64);
         tx.clear();
     }

@@ -29,10 +29,43 @@ pub const ALIGN: usize = 64;
 pub(crate) enum Origin {
     /// `std::alloc` with this layout.
     Heap(Layout),
-    /// DPDK's `rte_zmalloc`.
-    Dpdk,
+    /// DPDK's `rte_zmalloc`, with what mbufs need to carry its bytes as external buffers.
+    Dpdk(NonNull<ExtInfo>),
     /// Nothing (an empty block).
     None,
+}
+
+/// DPDK's shared-info block for mbufs attached to a hugepage block (its reference count counts
+/// the block itself, [`BLOCK_REFS`], plus every attached mbuf), and what freeing the memory
+/// needs. Boxed
+/// apart from the block: when the last handle goes while mbufs still point into the memory
+/// (frames waiting in a transmit queue), the memory and this stay until the last of those
+/// mbufs is freed, whose free callback then frees both.
+#[repr(C)]
+pub(crate) struct ExtInfo {
+    pub(crate) shinfo: dpdk_sys::rte_mbuf_ext_shared_info,
+    pub(crate) base: *mut u8,
+    pub(crate) iova: u64,
+}
+
+/// The block's own share of its shared info's reference count. Two, not one: DPDK's
+/// `rte_mbuf_ext_refcnt_update` takes a non-atomic shortcut when it reads 1 (it assumes the
+/// caller holds the only reference), which would lose an update when two lcores attach from
+/// one region at once. With the block holding two, the count reads 1 only once the block is
+/// gone and a single mbuf is left, where the shortcut is right.
+pub(crate) const BLOCK_REFS: u16 = 2;
+
+/// Most mbufs attached to one block at once (the count is 16 bits).
+pub(crate) const MAX_ATTACHED: u16 = 60000;
+
+/// DPDK's callback when the last attached mbuf of a block whose handles are gone is freed.
+unsafe extern "C" fn ext_free(_addr: *mut core::ffi::c_void, opaque: *mut core::ffi::c_void) {
+    // SAFETY: `opaque` is the ExtInfo box of a block whose handles are all gone (Block::drop
+    // left it to us); nothing references it or its memory any more.
+    unsafe {
+        let info = Box::from_raw(opaque.cast::<ExtInfo>());
+        dpdk_sys::rte_free(info.base.cast());
+    }
 }
 
 pub(crate) struct Block {
@@ -53,8 +86,18 @@ impl Drop for Block {
         match self.origin {
             // SAFETY: allocated by `alloc_zeroed` with this layout, freed once (last Arc).
             Origin::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
-            // SAFETY: allocated by rte_zmalloc, freed once.
-            Origin::Dpdk => unsafe { dpdk_sys::rte_free(self.ptr.as_ptr().cast()) },
+            Origin::Dpdk(info) => {
+                // SAFETY: `info` is our live box. Dropping the block's own reference: if no
+                // mbuf is attached the memory is ours to free now (rte_zmalloc'd, freed once),
+                // otherwise the last attached mbuf's free callback frees both.
+                unsafe {
+                    let sh = &raw mut (*info.as_ptr()).shinfo;
+                    if dpdk_sys::rte_mbuf_ext_refcnt_update(sh, -(BLOCK_REFS as i16)) == 0 {
+                        drop(Box::from_raw(info.as_ptr()));
+                        dpdk_sys::rte_free(self.ptr.as_ptr().cast());
+                    }
+                }
+            }
             Origin::None => {}
         }
     }
@@ -70,7 +113,7 @@ impl core::fmt::Debug for SharedMem {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SharedMem")
             .field("len", &self.block.len)
-            .field("hugepage", &matches!(self.block.origin, Origin::Dpdk))
+            .field("hugepage", &matches!(self.block.origin, Origin::Dpdk(_)))
             .finish()
     }
 }
@@ -115,13 +158,79 @@ impl SharedMem {
     /// `ptr` must come from `rte_zmalloc` with at least `len` bytes and [`ALIGN`] alignment,
     /// and nothing else may free it.
     pub(crate) unsafe fn from_rte(ptr: NonNull<u8>, len: usize) -> Self {
+        // SAFETY: the start of a live rte_zmalloc block.
+        let iova = unsafe { dpdk_sys::rte_malloc_virt2iova(ptr.as_ptr().cast()) };
+        let info = Box::new(ExtInfo {
+            shinfo: dpdk_sys::rte_mbuf_ext_shared_info {
+                free_cb: Some(ext_free),
+                fcb_opaque: core::ptr::null_mut(),
+                refcnt: BLOCK_REFS,
+            },
+            base: ptr.as_ptr(),
+            iova,
+        });
+        let info = NonNull::from(Box::leak(info));
+        // SAFETY: our fresh box; the callback gets it back.
+        unsafe { (*info.as_ptr()).shinfo.fcb_opaque = info.as_ptr().cast() };
         SharedMem {
             block: Arc::new(Block {
                 ptr,
                 len,
-                origin: Origin::Dpdk,
+                origin: Origin::Dpdk(info),
             }),
         }
+    }
+
+    /// For attaching `len` bytes at `off` to an mbuf as an external buffer: their address, IO
+    /// address and the block's shared info. `None` for heap memory, memory without an IO
+    /// address, or a range outside the block.
+    pub(crate) fn ext_range(
+        &self,
+        off: usize,
+        len: usize,
+    ) -> Option<(*mut u8, u64, NonNull<dpdk_sys::rte_mbuf_ext_shared_info>)> {
+        let Origin::Dpdk(info) = self.block.origin else {
+            return None;
+        };
+        if off.checked_add(len)? > self.block.len {
+            return None;
+        }
+        // SAFETY: the box lives as long as the block (and past it while mbufs hold it).
+        let i = unsafe { info.as_ref() };
+        // SAFETY: an atomic read of the live shared info.
+        let attached = unsafe { dpdk_sys::rte_mbuf_ext_refcnt_read(&i.shinfo) };
+        if i.iova == u64::MAX || attached > MAX_ATTACHED {
+            return None;
+        }
+        // SAFETY: in bounds (checked).
+        let p = unsafe { self.block.ptr.as_ptr().add(off) };
+        let sh = NonNull::new(&raw const i.shinfo as *mut dpdk_sys::rte_mbuf_ext_shared_info)?;
+        Some((p, i.iova + off as u64, sh))
+    }
+
+    /// Mbufs whose frames carry bytes of this memory attached now (0 for heap memory).
+    pub fn attached(&self) -> usize {
+        match self.block.origin {
+            Origin::Dpdk(info) => {
+                // SAFETY: an atomic read of the block's live shared info.
+                let n = unsafe { dpdk_sys::rte_mbuf_ext_refcnt_read(&(*info.as_ptr()).shinfo) };
+                n.saturating_sub(BLOCK_REFS) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// Continues the CRC-32 `crc` (a finished value, as `crc32fast::Hasher::new_with_initial`
+    /// takes) over the `len` bytes at `off`, read in place.
+    pub fn crc32(&self, crc: u32, off: usize, len: usize) -> u32 {
+        self.check(off, len);
+        // SAFETY: in bounds (checked); u8 has no invalid values. Concurrent writes by another
+        // lcore (a remote WRITE into a buffer being sent from) are the application's race, as
+        // the module documentation says; the CRC then covers some mix, as the payload does.
+        let s = unsafe { core::slice::from_raw_parts(self.block.ptr.as_ptr().add(off), len) };
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(s);
+        h.finalize()
     }
 
     /// Length in bytes.
@@ -143,7 +252,7 @@ impl SharedMem {
 
     /// True if the memory is DPDK hugepage memory.
     pub fn is_hugepage(&self) -> bool {
-        matches!(self.block.origin, Origin::Dpdk)
+        matches!(self.block.origin, Origin::Dpdk(_))
     }
 
     /// Handles to this memory (including this one).
@@ -163,6 +272,10 @@ impl SharedMem {
 impl MrMemory for SharedMem {
     fn len(&self) -> usize {
         self.block.len
+    }
+
+    fn shared(&self) -> Option<&SharedMem> {
+        Some(self)
     }
 
     fn read(&self, off: usize, dst: &mut [u8]) {

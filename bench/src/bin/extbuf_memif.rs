@@ -3,9 +3,10 @@
 //!
 //! - copy: one mbuf per frame; headers written, the payload copied from the region into the
 //!   mbuf, the ICRC computed over the frame and appended (what roced's transport does).
-//! - extbuf: three mbufs per frame: headers; the payload attached as an external buffer that
-//!   points into the region (`rte_pktmbuf_attach_extbuf`, no copy); a 4-byte segment for the
-//!   ICRC, which the region cannot hold. The ICRC is computed over the region's bytes in place.
+//! - extbuf: three mbufs per frame (`PacketBuf::attach_payload`, what roced's transport uses for
+//!   long payloads): headers; the payload attached as an external buffer that points into the
+//!   region (`rte_pktmbuf_attach_extbuf`, no copy); a 4-byte segment for the ICRC, which the
+//!   region cannot hold. The ICRC is computed over the region's bytes in place.
 //!
 //! The region is hugepage memory (rte_zmalloc, as roced's regions are). This process sends on a
 //! memif client port from one CPU; dpdk-testpmd (rxonly, memif server) receives on the other.
@@ -16,9 +17,7 @@
 
 use bench::{Testpmd, median, remove_runtime_dir, testpmd_eal};
 use clap::Parser;
-use dataplane::dpdk::{
-    DpdkPort, Eal, EalArgs, ExtMem, HugepageHeap, Mbuf, Mempool, PortSetup, TscSource,
-};
+use dataplane::dpdk::{DpdkPort, Eal, EalArgs, HugepageHeap, Mbuf, Mempool, PortSetup, TscSource};
 use dataplane::lcore::Clock;
 use dataplane::port::PortId;
 use dataplane::transport::mr::MrMemory;
@@ -69,7 +68,7 @@ enum Mode {
 struct Sender {
     q: dataplane::dpdk::DpdkQueue,
     pool: Arc<Mempool>,
-    ext: ExtMem,
+    mem: dataplane::mem::SharedMem,
     tsc: TscSource,
     hdr: [u8; HDR],
 }
@@ -85,7 +84,7 @@ impl Sender {
         let mut m = self.pool.alloc()?;
         let d = m.append(HDR + len + 4)?;
         d[..HDR].copy_from_slice(&self.hdr);
-        self.ext.mem().read(off, &mut d[HDR..HDR + len]);
+        self.mem.read(off, &mut d[HDR..HDR + len]);
         let c = crc32fast::hash(&d[14..HDR + len]);
         d[HDR + len..].copy_from_slice(&c.to_le_bytes());
         Some(m)
@@ -93,23 +92,16 @@ impl Sender {
 
     fn ext_frame(&self, off: usize, len: usize) -> Option<Mbuf> {
         let mut h = self.pool.alloc()?;
-        let mut p = self.pool.alloc()?;
-        let mut t = self.pool.alloc()?;
         h.append(HDR)?.copy_from_slice(&self.hdr);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&h.data()[14..]);
-        if !self.ext.attach(&mut p, off, len as u16) {
-            return None;
-        }
-        self.ext.with_bytes(off, len, |b| crc.update(b));
-        t.append(4)?.copy_from_slice(&crc.finalize().to_le_bytes());
-        h.chain(p).ok()?;
-        h.chain(t).ok()?;
+        let crc = crc32fast::hash(&h.data()[14..]);
+        let crc = self.mem.crc32(crc, off, len);
+        let t = h.attach_payload(&self.mem, off, len, 4)?;
+        t.copy_from_slice(&crc.to_le_bytes());
         Some(h)
     }
 
     fn run(&mut self, mode: Mode, len: usize, secs: f64) -> Result<Run, String> {
-        let region = self.ext.mem().len();
+        let region = self.mem.len();
         let mut off = 0usize;
         let mut burst: Burst<Mbuf> = Burst::new();
         let (mut frames, mut build_ns) = (0u64, 0u64);
@@ -225,7 +217,6 @@ fn run(a: &Args) -> Result<(), String> {
         let n = 4096.min(a.region - b);
         fill.write(b, &vec![i as u8; n]);
     }
-    let ext = ExtMem::new(mem).ok_or("region has no IO address")?;
     let mut hdr = [0u8; HDR];
     hdr[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     hdr[14] = 0x45;
@@ -233,7 +224,7 @@ fn run(a: &Args) -> Result<(), String> {
     let mut s = Sender {
         q: port.queue(dataplane::port::QueueId(0)),
         pool: pool.clone(),
-        ext,
+        mem,
         tsc: TscSource::new(&eal),
         hdr,
     };
@@ -270,7 +261,6 @@ fn run(a: &Args) -> Result<(), String> {
             }
         }
     }
-    let attached = s.ext.attached();
     drop(s);
     rx.cmd("stop");
     rx.quit(Duration::from_secs(10));
@@ -313,9 +303,7 @@ fn run(a: &Args) -> Result<(), String> {
             ep / cp
         );
     }
-    md += &format!(
-        "\nAfter the run: {attached} mbufs still attached to the region, {left} mbufs of the pool in use.\n"
-    );
+    md += &format!("\nAfter the run: {left} mbufs of the pool in use.\n");
     println!("{md}");
     if let Some(p) = &a.report {
         std::fs::write(p, &md).map_err(|e| format!("{}: {e}", p.display()))?;

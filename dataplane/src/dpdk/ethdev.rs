@@ -135,6 +135,10 @@ impl DpdkPort {
             conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
             caps.tx_udp_cksum = true;
         }
+        if di.tx_offload_capa & sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0 {
+            conf.txmode.offloads |= sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+            caps.tx_multi_seg = true;
+        }
         if di.rx_offload_capa & sys::RTE_ETH_RX_OFFLOAD_IPV4_CKSUM != 0 {
             conf.rxmode.offloads |= sys::RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
             caps.rx_ipv4_cksum = true;

@@ -204,13 +204,89 @@ impl PacketBuf for Mbuf {
 
     #[inline]
     fn reset(&mut self) -> bool {
-        if self.m().nb_segs != 1 {
-            return false;
+        let m = self.m_mut();
+        if m.nb_segs != 1 && !m.next.is_null() {
+            // A frame built with attached segments: let them go (an attached one drops its
+            // reference to the memory).
+            let next = core::mem::replace(&mut m.next, core::ptr::null_mut());
+            m.nb_segs = 1;
+            // SAFETY: `next` heads the rest of the chain we own, now unlinked from us.
+            unsafe { sys::rte_pktmbuf_free(next) };
         }
-        // SAFETY: we own this single-segment mbuf; rte_pktmbuf_reset empties it, clears its
-        // offload flags and restores the default headroom.
+        // SAFETY: we own this (now) single-segment mbuf; rte_pktmbuf_reset empties it, clears
+        // its offload flags and restores the default headroom.
         unsafe { sys::rte_pktmbuf_reset(self.0.as_ptr()) };
         true
+    }
+
+    fn attach_payload(
+        &mut self,
+        mem: &crate::mem::SharedMem,
+        off: usize,
+        len: usize,
+        tail: usize,
+    ) -> Option<&mut [u8]> {
+        if self.m().nb_segs != 1 || len > u16::MAX as usize {
+            return None;
+        }
+        let (addr, iova, sh) = mem.ext_range(off, len)?;
+        let pool = self.m().pool;
+        // SAFETY: the mbufs come from our own pool and are owned here until chained.
+        let (p, t) = unsafe { (sys::rte_pktmbuf_alloc(pool), sys::rte_pktmbuf_alloc(pool)) };
+        let (Some(p), Some(t)) = (NonNull::new(p), NonNull::new(t)) else {
+            // SAFETY: freeing what we allocated (free of null is a no-op).
+            unsafe {
+                sys::rte_pktmbuf_free(p);
+                sys::rte_pktmbuf_free(t);
+            }
+            return None;
+        };
+        // SAFETY: `p` and `t` are fresh mbufs we own. The range is inside the block
+        // (ext_range checked it) and `sh` is the block's shared info: taking a reference in it
+        // keeps the memory alive until `p` is freed (see mem::ExtInfo). attach_extbuf points
+        // `p` at the bytes; rte_pktmbuf_chain links p and t after us (the segment count is far
+        // below the limit, so it cannot fail), after which freeing us frees them.
+        unsafe {
+            let (mut p, mut t) = (Mbuf(p), Mbuf(t));
+            t.append(tail)?;
+            sys::rte_mbuf_ext_refcnt_update(sh.as_ptr(), 1);
+            sys::rte_pktmbuf_attach_extbuf(
+                p.0.as_ptr(),
+                addr.cast(),
+                iova,
+                len as u16,
+                sh.as_ptr(),
+            );
+            let pm = p.m_mut();
+            pm.data_len = len as u16;
+            pm.pkt_len = len as u32;
+            let t_raw = t.0;
+            // p -> t first (two fresh mbufs: cannot fail), then the pair after us in one step.
+            if p.chain(t).is_err() {
+                return None;
+            }
+            let p = p.into_raw();
+            if sys::rte_pktmbuf_chain(self.0.as_ptr(), p.as_ptr()) != 0 {
+                sys::rte_pktmbuf_free(p.as_ptr());
+                return None;
+            }
+            let tm = &*t_raw.as_ptr();
+            Some(core::slice::from_raw_parts_mut(
+                (tm.buf_addr as *mut u8).add(tm.data_off as usize),
+                tail,
+            ))
+        }
+    }
+
+    #[inline]
+    fn frame_len(&self) -> usize {
+        self.m().pkt_len as usize
+    }
+
+    fn linearize(&mut self) -> bool {
+        // SAFETY: we own the chain; DPDK copies the later segments into the first's tailroom
+        // and frees them, or fails and leaves it as it was.
+        self.m().nb_segs == 1 || unsafe { sys::rte_pktmbuf_linearize(self.0.as_ptr()) } == 0
     }
 
     #[inline]
@@ -263,119 +339,5 @@ impl Mbuf {
     /// Total bytes over every segment.
     pub fn pkt_len(&self) -> u32 {
         self.m().pkt_len
-    }
-}
-
-/// Hugepage memory that mbufs can carry as an external buffer (`rte_pktmbuf_attach_extbuf`)
-/// instead of having its bytes copied into their own room: the zero-copy way to put a memory
-/// region's payload on the wire.
-///
-/// It keeps one DPDK shared-info block for the whole memory. Every attached mbuf holds a
-/// reference in it and drops it when the mbuf is freed (after the PMD transmitted it); the
-/// memory itself is held by this value, whose drop waits for no mbuf: dropping it while mbufs
-/// are still attached leaks the memory on purpose rather than letting them point at freed bytes.
-pub struct ExtMem {
-    mem: crate::mem::SharedMem,
-    iova: u64,
-    shinfo: Box<sys::rte_mbuf_ext_shared_info>,
-}
-
-// SAFETY: the shared-info block is only touched through DPDK's atomic reference-count calls, and
-// the memory is a SharedMem (Send + Sync).
-unsafe impl Send for ExtMem {}
-// SAFETY: as above.
-unsafe impl Sync for ExtMem {}
-
-unsafe extern "C" fn ext_mem_free(_addr: *mut core::ffi::c_void, _opaque: *mut core::ffi::c_void) {
-    // The memory belongs to the ExtMem; the last mbuf going away frees nothing.
-}
-
-impl core::fmt::Debug for ExtMem {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ExtMem")
-            .field("mem", &self.mem)
-            .field("attached", &self.attached())
-            .finish()
-    }
-}
-
-impl ExtMem {
-    /// Wraps hugepage memory (from [`super::HugepageHeap`]); `None` for heap memory, which has
-    /// no IO address a device could read.
-    pub fn new(mem: crate::mem::SharedMem) -> Option<Self> {
-        if !mem.is_hugepage() {
-            return None;
-        }
-        // SAFETY: the address is the start of a live rte_zmalloc block.
-        let iova = unsafe { sys::rte_malloc_virt2iova(mem.addr() as *const core::ffi::c_void) };
-        if iova == u64::MAX {
-            return None;
-        }
-        let shinfo = Box::new(sys::rte_mbuf_ext_shared_info {
-            free_cb: Some(ext_mem_free),
-            fcb_opaque: core::ptr::null_mut(),
-            refcnt: 1,
-        });
-        Some(ExtMem { mem, iova, shinfo })
-    }
-
-    /// The memory.
-    pub fn mem(&self) -> &crate::mem::SharedMem {
-        &self.mem
-    }
-
-    /// Points the fresh mbuf `m` (single segment, empty, from any pool) at `len` bytes of the
-    /// memory from `off`, without copying them. False (and `m` unchanged) when the range is
-    /// outside the memory or `m` is not a fresh direct mbuf.
-    #[inline]
-    pub fn attach(&self, m: &mut Mbuf, off: usize, len: u16) -> bool {
-        let end = off.checked_add(len as usize);
-        if end.is_none_or(|e| e > self.mem.len()) || m.m().nb_segs != 1 || m.m().data_len != 0 {
-            return false;
-        }
-        let sh = &*self.shinfo as *const sys::rte_mbuf_ext_shared_info as *mut _;
-        // SAFETY: the range is inside the live block (checked); `sh` is our boxed shared info,
-        // which outlives every attached mbuf (see the type's documentation); DPDK's refcount
-        // update is atomic; attach sets buf_addr/iova/len and the EXTBUF flag on an mbuf we own.
-        unsafe {
-            sys::rte_mbuf_ext_refcnt_update(sh, 1);
-            let addr = (self.mem.addr() as usize + off) as *mut core::ffi::c_void;
-            sys::rte_pktmbuf_attach_extbuf(m.0.as_ptr(), addr, self.iova + off as u64, len, sh);
-        }
-        let mm = m.m_mut();
-        mm.data_len = len;
-        mm.pkt_len = len as u32;
-        true
-    }
-
-    /// Mbufs attached now and not yet freed.
-    pub fn attached(&self) -> u16 {
-        // SAFETY: reads our shared info's atomic count.
-        unsafe { sys::rte_mbuf_ext_refcnt_read(&*self.shinfo) - 1 }
-    }
-
-    /// The bytes `off..off + len`, for a reader that needs a slice (a CRC). The caller must
-    /// know nobody writes them meanwhile (remote WRITEs into a region being sent from are the
-    /// application's race, as on any RNIC).
-    pub fn with_bytes<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        assert!(off.checked_add(len).is_some_and(|e| e <= self.mem.len()));
-        // SAFETY: in bounds (checked); u8 has no invalid values; see the caller's contract.
-        let s = unsafe {
-            core::slice::from_raw_parts((self.mem.addr() as usize + off) as *const u8, len)
-        };
-        f(s)
-    }
-}
-
-impl Drop for ExtMem {
-    fn drop(&mut self) {
-        if self.attached() != 0 {
-            // Mbufs still point into the memory: keep it (and the shared info) alive forever.
-            std::mem::forget(self.mem.clone());
-            std::mem::forget(core::mem::replace(
-                &mut self.shinfo,
-                Box::new(sys::rte_mbuf_ext_shared_info::default()),
-            ));
-        }
     }
 }

@@ -12,7 +12,7 @@ mod mbuf;
 pub use cable::MemifCable;
 pub use eal::{Eal, EalArgs, TscSource, launch, num_cpus, wait_all};
 pub use ethdev::{DpdkPort, DpdkQueue, LinkStatus, PortSetup, PortStats};
-pub use mbuf::{ExtMem, Mbuf, Mempool};
+pub use mbuf::{Mbuf, Mempool};
 
 use std::ffi::CStr;
 

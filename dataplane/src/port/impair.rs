@@ -124,6 +124,9 @@ pub struct DirectionStats {
     pub cp_queue_bytes: Counter,
     /// Most bytes it has held.
     pub cp_max_bytes: Counter,
+    /// Multi-segment frames that could not be made contiguous for the stages (no room in
+    /// their first segment), dropped.
+    pub dropped_unlinearizable: Counter,
 }
 
 /// Both directions' counters.
@@ -427,7 +430,13 @@ impl<Q: PortQueue, K: Clock> PortQueue for Impaired<Q, K> {
         }
         let now = self.clock.now();
         let n = burst.len();
-        for b in burst.drain(..) {
+        for mut b in burst.drain(..) {
+            // The stages see one contiguous frame: a frame built with its payload attached
+            // is copied together first (only while impairment is on).
+            if !b.linearize() {
+                self.stats.tx.dropped_unlinearizable.inc();
+                continue;
+            }
             let inner = &mut self.inner;
             self.tx
                 .admit(b, now, &mut self.rng, &self.stats.tx, &mut || inner.alloc());

@@ -41,6 +41,8 @@ pub struct PortCaps {
     pub tx_ipv4_cksum: bool,
     /// The port fills in UDP checksums on transmit.
     pub tx_udp_cksum: bool,
+    /// The port transmits frames of several chained segments.
+    pub tx_multi_seg: bool,
     /// The port checks IPv4 header checksums on receive and flags the result.
     pub rx_ipv4_cksum: bool,
     /// The port spreads received flows over its queues by RSS.

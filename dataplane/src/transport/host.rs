@@ -459,6 +459,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                 continue;
             };
             s.ready = false;
+            let caps = io.info(s.port).caps;
+            s.qp.set_tx_features(caps.tx_ipv4_cksum, caps.tx_multi_seg);
             let mut sent = 0;
             while sent < QP_BUDGET {
                 let mut buf = match self.spare.take() {

@@ -93,6 +93,10 @@ pub trait MrMemory: Send {
     /// address space) and returns the word's original value. Atomic with respect to the
     /// other users of shared memory.
     fn atomic(&mut self, off: usize, op: AtomicOp) -> u64;
+    /// The memory as [`crate::mem::SharedMem`], whose bytes frames can carry without a copy.
+    fn shared(&self) -> Option<&crate::mem::SharedMem> {
+        None
+    }
 }
 
 impl MrMemory for Vec<u8> {
@@ -194,6 +198,14 @@ impl MemoryRegion {
             return Err(MrError::OutOfBounds);
         }
         Ok((va - self.va) as usize)
+    }
+
+    /// The shared memory behind the region and the offset of `[va, va + len)` in it, for
+    /// frames that carry those bytes without a copy; `None` for other memory or a range that
+    /// does not lie inside.
+    pub fn shared_range(&self, va: u64, len: u64) -> Option<(&crate::mem::SharedMem, usize)> {
+        let m = self.mem.shared()?;
+        Some((m, self.offset(va, len).ok()?))
     }
 
     /// Copies the bytes at `va` into `dst`.

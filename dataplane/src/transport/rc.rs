@@ -21,8 +21,8 @@ use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
 use super::qp::{QpConfig, QpState};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
-    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, WrError, ext_headers,
-    gather, plan,
+    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, WrError, ext_headers,
+    gather, locate, plan,
 };
 use crate::PacketBuf;
 use crate::cc::{Cc, CcKind, DcqcnParams};
@@ -30,7 +30,9 @@ use crate::time::Instant;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::ipv4::{self, Ecn};
 use crate::wire::opcode::{mask, op};
-use crate::wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, parse};
+use crate::wire::packet::{
+    Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, build_attached, parse,
+};
 use crate::wire::{Psn, atomic_ack_eth, bth, cnp, eth, ipv6, udp};
 use arrayvec::ArrayVec;
 use std::collections::VecDeque;
@@ -195,6 +197,9 @@ pub struct QpCounters {
     pub np_cnp_sent: u64,
     /// CNPs received.
     pub rp_cnp_received: u64,
+    /// Frames sent with their payload attached from the region instead of copied (ferroce's
+    /// own; see [`ATTACH_MIN`]).
+    pub tx_attached_pkts: u64,
 }
 
 impl QpCounters {
@@ -218,6 +223,7 @@ impl QpCounters {
             np_ecn_marked_roce_packets,
             np_cnp_sent,
             rp_cnp_received,
+            tx_attached_pkts,
         } = *o;
         self.sent_pkts += sent_pkts;
         self.rcvd_pkts += rcvd_pkts;
@@ -236,10 +242,11 @@ impl QpCounters {
         self.np_ecn_marked_roce_packets += np_ecn_marked_roce_packets;
         self.np_cnp_sent += np_cnp_sent;
         self.rp_cnp_received += rp_cnp_received;
+        self.tx_attached_pkts += tx_attached_pkts;
     }
 
     /// (name, value) pairs, in the order above.
-    pub fn named(&self) -> [(&'static str, u64); 17] {
+    pub fn named(&self) -> [(&'static str, u64); 18] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -264,12 +271,19 @@ impl QpCounters {
             ),
             ("np_cnp_sent", self.np_cnp_sent),
             ("rp_cnp_received", self.rp_cnp_received),
+            ("tx_attached_pkts", self.tx_attached_pkts),
         ]
     }
 }
 
 /// How far past the oldest missing PSN READ responses are placed on arrival.
 pub const READ_WINDOW: u32 = 256;
+
+/// Payloads of at least this many bytes go out attached to the frame from their region
+/// (hugepage memory, IPv4, a port with multi-segment transmit) instead of copied into it.
+/// `bench --bin extbuf_memif` on memif: attaching costs two more mbufs per frame and wins at
+/// 4 KiB (1.20x the frame rate of copying), loses at 1 KiB (0.82x) and 64 B (0.53x).
+pub const ATTACH_MIN: usize = 2048;
 
 /// Which READ response PSNs at or after `una` have been placed in the local buffer: a ring of
 /// [`READ_WINDOW`] bits indexed by PSN. Responses that arrive after a lost one are kept, so a
@@ -404,6 +418,7 @@ pub struct RcQp {
     pub counters: QpCounters,
     /// The port computes IPv4 header checksums on transmit.
     tx_offload: bool,
+    tx_attach: bool,
     // Responder.
     rq: VecDeque<RecvWr>,
     recv_cur: Option<(RecvWr, u64)>,
@@ -451,6 +466,7 @@ impl RcQp {
             last_cnp: None,
             counters: QpCounters::default(),
             tx_offload: false,
+            tx_attach: false,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             recv_cur: None,
             write_cur: None,
@@ -470,9 +486,12 @@ impl RcQp {
         self.caps
     }
 
-    /// Leaves IPv4 header checksums to the port (only for ports that offer the offload).
-    pub fn set_tx_checksum_offload(&mut self, on: bool) {
-        self.tx_offload = on;
+    /// What the QP's port does for its frames: IPv4 header checksums (`ipv4_cksum`), and
+    /// frames of several segments (`multi_seg`), which lets payloads of at least
+    /// [`ATTACH_MIN`] bytes in hugepage regions go out attached instead of copied.
+    pub fn set_tx_features(&mut self, ipv4_cksum: bool, multi_seg: bool) {
+        self.tx_offload = ipv4_cksum;
+        self.tx_attach = multi_seg;
     }
 
     /// Chooses congestion control for this QP on a port of `line_bps` (starts at that rate).
@@ -692,6 +711,30 @@ impl RcQp {
         Some(Ok(()))
     }
 
+    /// Builds a frame whose `len` payload bytes, at `offset` of the message `sg` describes,
+    /// go out attached from their region instead of copied ([`build_attached`]). `None` when
+    /// that cannot be done (the bytes span SG entries, the region is not hugepage memory, an
+    /// IPv6 path, ...): the caller copies, which also reports any key or bounds error.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_attached<B: PacketBuf>(
+        &self,
+        out: &mut B,
+        bth: bth::Repr,
+        ext: ExtRepr,
+        mrs: &MrTable,
+        sg: &[Sge],
+        offset: u64,
+        len: usize,
+    ) -> Option<Result<(), MrError>> {
+        let (lkey, va) = locate(sg, offset, len as u64)?;
+        let (mem, off) = mrs.get(lkey).ok()?.shared_range(va, len as u64)?;
+        let r = self.repr(bth, ext)?;
+        match build_attached(out, &r, mem, off, len, self.tx_offload) {
+            Ok(true) => Some(Ok(())),
+            _ => None,
+        }
+    }
+
     /// Builds a frame with no payload (ACK, atomic ACK, CNP); false if it could not be built.
     fn emit_headers<B: PacketBuf>(&self, out: &mut B, bth: bth::Repr, ext: ExtRepr) -> bool {
         matches!(self.emit(out, bth, ext, 0, |_| Ok(())), Some(Ok(())))
@@ -787,13 +830,25 @@ impl RcQp {
         } else {
             pk.len as usize
         };
-        match self.emit(out, b, ext, payload, |dst| match inline {
-            Some(d) => {
-                dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
-                Ok(())
+        let attached = if self.tx_attach && inline.is_none() && payload >= ATTACH_MIN {
+            self.emit_attached(out, b, ext, mrs, sg, pk.offset as u64, payload)
+        } else {
+            None
+        };
+        let built = match attached {
+            Some(done) => {
+                self.counters.tx_attached_pkts += 1;
+                Some(done)
             }
-            None => gather(mrs, sg, pk.offset as u64, dst),
-        }) {
+            None => self.emit(out, b, ext, payload, |dst| match inline {
+                Some(d) => {
+                    dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
+                    Ok(())
+                }
+                None => gather(mrs, sg, pk.offset as u64, dst),
+            }),
+        };
+        match built {
             Some(Ok(())) => {}
             Some(Err(_)) => {
                 // The local SG list is bad: complete in error and stop the QP.
@@ -805,10 +860,10 @@ impl RcQp {
         if self.ack_deadline.is_none() {
             self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
         }
-        self.cc.on_sent(out.len() as u64, &self.cc_params);
+        self.cc.on_sent(out.frame_len() as u64, &self.cc_params);
         self.next_send = if self.paced() {
             // Wire bytes (with preamble, FCS and gap) at the QP's current rate.
-            let ns = (out.len() + 24) as f64 * 8e9 / self.cc.rate();
+            let ns = (out.frame_len() + 24) as f64 * 8e9 / self.cc.rate();
             self.next_send.max(self.now) + core::time::Duration::from_nanos(ns as u64)
         } else {
             self.now
@@ -891,10 +946,22 @@ impl RcQp {
                     ExtRepr::default()
                 };
                 let b = self.bth(opcode, psn.add(next), false, false);
+                let at = va + off as u64;
+                let attached = (self.tx_attach && n >= ATTACH_MIN)
+                    .then(|| {
+                        let sg = [Sge {
+                            addr: at,
+                            length: n as u32,
+                            lkey: rkey,
+                        }];
+                        self.emit_attached(out, b, ext, mrs, &sg, 0, n)
+                    })
+                    .flatten();
+                self.counters.tx_attached_pkts += attached.is_some() as u64;
                 let ok = matches!(
-                    self.emit(out, b, ext, n, |dst| {
-                        mrs.get(rkey)?.read(va + off as u64, dst)
-                    }),
+                    attached.or_else(
+                        || self.emit(out, b, ext, n, |dst| { mrs.get(rkey)?.read(at, dst) })
+                    ),
                     Some(Ok(()))
                 );
                 if !last {

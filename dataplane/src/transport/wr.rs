@@ -393,6 +393,18 @@ pub fn ext_headers(opv: SendOp, p: &PacketPlan, total_len: u64) -> ExtRepr {
     e
 }
 
+/// The SG entry holding all of `len` bytes at `offset` of the message `sg` describes: its
+/// local key and the bytes' address. `None` when they span entries or lie past the end.
+pub fn locate(sg: &[Sge], mut offset: u64, len: u64) -> Option<(u32, u64)> {
+    for s in sg {
+        if offset < s.length as u64 {
+            return (offset + len <= s.length as u64).then_some((s.lkey, s.addr + offset));
+        }
+        offset -= s.length as u64;
+    }
+    None
+}
+
 /// Copies `len` bytes at `offset` of the message described by `sg` into `out`, checking each
 /// region's key and bounds (a failure is a local protection error).
 pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Result<(), MrError> {

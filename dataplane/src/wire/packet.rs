@@ -395,13 +395,38 @@ impl RoceRepr {
         payload_len: usize,
         ipv4_cksum_offload: bool,
     ) -> Result<()> {
+        if frame.len() != self.frame_len(payload_len) {
+            return Err(Error::BadLength);
+        }
+        let head = self.header_len();
+        self.emit_headers(&mut frame[..head], payload_len, ipv4_cksum_offload)?;
+        let pad = (4 - payload_len % 4) % 4;
+        let payload_end = head + payload_len;
+        frame[payload_end..payload_end + pad].fill(0);
+        let icrc_at = payload_end + pad;
+        let l3_off = self.eth.buffer_len();
+        let c = icrc::compute(&frame[l3_off..icrc_at], matches!(self.ip, IpRepr::V6(_)))?;
+        frame[icrc_at..icrc_at + icrc::LEN].copy_from_slice(&c.to_le_bytes());
+        Ok(())
+    }
+
+    #[inline]
+    /// Writes the headers (Ethernet to the last extension header, [`header_len`](Self::header_len)
+    /// bytes, all of `head`) of a packet that will carry `payload_len` bytes of payload.
+    pub fn emit_headers(
+        &self,
+        head: &mut [u8],
+        payload_len: usize,
+        ipv4_cksum_offload: bool,
+    ) -> Result<()> {
         let op = self.op();
         if !op.is_valid() {
             return Err(Error::UnknownOpcode);
         }
-        if frame.len() != self.frame_len(payload_len) {
+        if head.len() != self.header_len() {
             return Err(Error::BadLength);
         }
+        let frame = head;
         let pad = (4 - payload_len % 4) % 4;
         let mut eth = self.eth;
         eth.ethertype = match self.ip {
@@ -454,11 +479,6 @@ impl RoceRepr {
         if op.has(mask::CNP) {
             frame[bth_off + bth::HEADER_LEN..bth_off + op.length as usize].fill(0);
         }
-        let payload_end = bth_off + op.length as usize + payload_len;
-        frame[payload_end..payload_end + pad].fill(0);
-        let icrc_at = payload_end + pad;
-        let c = icrc::compute(&frame[l3_off..icrc_at], matches!(self.ip, IpRepr::V6(_)))?;
-        frame[icrc_at..icrc_at + icrc::LEN].copy_from_slice(&c.to_le_bytes());
         Ok(())
     }
 }
@@ -500,6 +520,60 @@ pub fn build<B: PacketBuf>(buf: &mut B, repr: &RoceRepr, offload: bool) -> Resul
         });
     }
     Ok(())
+}
+
+#[inline]
+/// Builds an IPv4 packet whose payload is `len` bytes of `mem` at `off`, carried without a copy:
+/// the headers in `buf` (emptied first), the payload attached after them as a segment of its
+/// own, the pad and ICRC in a last small segment; the ICRC is computed over the payload where
+/// it lies. `Ok(false)`, with `buf` empty, where it cannot be done so (IPv6, whose UDP checksum
+/// would need the payload summed too; a buffer or memory that cannot attach): the caller
+/// copies instead.
+pub fn build_attached<B: PacketBuf>(
+    buf: &mut B,
+    repr: &RoceRepr,
+    mem: &crate::mem::SharedMem,
+    off: usize,
+    len: usize,
+    offload: bool,
+) -> Result<bool> {
+    let IpRepr::V4(_) = repr.ip else {
+        return Ok(false);
+    };
+    if off.checked_add(len).is_none_or(|e| e > mem.len()) || !buf.reset() {
+        return Ok(false);
+    }
+    let head = repr.header_len();
+    let Some(h) = buf.append(head) else {
+        return Err(Error::Truncated);
+    };
+    repr.emit_headers(h, len, offload)?;
+    let l3 = repr.eth.buffer_len();
+    let crc = icrc::compute(&buf.data()[l3..], false)?;
+    let crc = mem.crc32(crc, off, len);
+    let pad = (4 - len % 4) % 4;
+    let crc = if pad > 0 {
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(&[0u8; 3][..pad]);
+        h.finalize()
+    } else {
+        crc
+    };
+    let Some(t) = buf.attach_payload(mem, off, len, pad + icrc::LEN) else {
+        buf.reset();
+        return Ok(false);
+    };
+    t[..pad].fill(0);
+    t[pad..].copy_from_slice(&crc.to_le_bytes());
+    if offload {
+        buf.request_tx_offload(TxOffload {
+            l2_len: repr.eth.buffer_len() as u16,
+            l3_len: ipv4::HEADER_LEN as u16,
+            ipv4_cksum: true,
+            ..Default::default()
+        });
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -551,6 +625,102 @@ mod tests {
                 ..Default::default()
             },
         }
+    }
+
+    /// A heap buffer whose "attachment" copies the bytes after the frame: the frame it ends
+    /// up with is the one a port sends from the chained segments.
+    struct CopyAttach(HeapBuf);
+
+    impl PacketBuf for CopyAttach {
+        fn data(&self) -> &[u8] {
+            self.0.data()
+        }
+        fn data_mut(&mut self) -> &mut [u8] {
+            self.0.data_mut()
+        }
+        fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
+            self.0.prepend(len)
+        }
+        fn adj(&mut self, len: usize) -> bool {
+            self.0.adj(len)
+        }
+        fn append(&mut self, len: usize) -> Option<&mut [u8]> {
+            self.0.append(len)
+        }
+        fn trim(&mut self, len: usize) -> bool {
+            self.0.trim(len)
+        }
+        fn reset(&mut self) -> bool {
+            self.0.reset()
+        }
+        fn attach_payload(
+            &mut self,
+            mem: &crate::mem::SharedMem,
+            off: usize,
+            len: usize,
+            tail: usize,
+        ) -> Option<&mut [u8]> {
+            use crate::transport::mr::MrMemory;
+            mem.read(off, self.0.append(len)?);
+            self.0.append(tail)
+        }
+    }
+
+    #[test]
+    fn attached_payload_makes_the_same_frame_as_a_copied_one() {
+        use crate::transport::mr::MrMemory;
+        let mut mem = crate::mem::SharedMem::heap(16384).unwrap();
+        let pattern: Vec<u8> = (0..16384u32).map(|i| (i * 13 + i / 256) as u8).collect();
+        mem.write(0, &pattern);
+        for (opcode, len, off) in [
+            (op::RC_WRITE_MIDDLE, 4096, 0),
+            (op::RC_WRITE_ONLY_IMM, 2049, 77),
+            (op::RC_WRITE_LAST, 2050, 4096),
+            (op::RC_READ_RESPONSE_FIRST, 2051, 1),
+            (op::RC_SEND_ONLY, 4096, 12288),
+        ] {
+            let mut r = repr(opcode);
+            if opcode == op::RC_READ_RESPONSE_FIRST {
+                r.ext.aeth = Some(aeth::Repr {
+                    syndrome: aeth::Syndrome::Ack { credits: 31 },
+                    msn: 3,
+                });
+            }
+            let mut a = CopyAttach(HeapBuf::new());
+            assert_eq!(build_attached(&mut a, &r, &mem, off, len, false), Ok(true));
+            let mut c = HeapBuf::new();
+            c.append(len)
+                .unwrap()
+                .copy_from_slice(&pattern[off..off + len]);
+            build(&mut c, &r, false).unwrap();
+            assert_eq!(a.data(), c.data(), "opcode {opcode:#x}, {len} B");
+            let info = parse(a.data(), Checks::ALL).unwrap();
+            assert_eq!(info.payload(a.data()), &pattern[off..off + len]);
+        }
+        // IPv6 is left to the copy (its UDP checksum covers the payload), and a buffer that
+        // cannot attach says so and is left empty.
+        let mut r6 = repr(op::RC_WRITE_MIDDLE);
+        r6.ip = IpRepr::V6(ipv6::Repr {
+            traffic_class: 0,
+            flow_label: 0,
+            next_header: 17,
+            hop_limit: 64,
+            src: "fd00::1".parse().unwrap(),
+            dst: "fd00::2".parse().unwrap(),
+        });
+        let mut a = CopyAttach(HeapBuf::new());
+        assert_eq!(build_attached(&mut a, &r6, &mem, 0, 4096, false), Ok(false));
+        let mut h = HeapBuf::new();
+        assert_eq!(
+            build_attached(&mut h, &repr(op::RC_WRITE_MIDDLE), &mem, 0, 4096, false),
+            Ok(false)
+        );
+        assert!(h.is_empty());
+        // A range outside the memory is refused before anything is read.
+        let mut a = CopyAttach(HeapBuf::new());
+        let r = build_attached(&mut a, &repr(op::RC_WRITE_MIDDLE), &mem, 16000, 4096, false);
+        assert_eq!(r, Ok(false));
+        assert!(a.is_empty());
     }
 
     #[test]
