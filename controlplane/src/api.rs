@@ -374,6 +374,9 @@ struct QpBody {
     /// DCQCN knobs (NVIDIA's names) over the profile's values.
     #[serde(default)]
     dcqcn: Option<serde_json::Map<String, Value>>,
+    /// Copy payloads into frames instead of attaching them (comparison, debugging).
+    #[serde(default)]
+    copy_tx: bool,
 }
 
 /// A DCQCN parameter set: a named profile with some knobs changed; the error names a bad knob.
@@ -414,6 +417,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         max_send_sge: b.max_send_sge.unwrap_or(d.max_send_sge),
         max_recv_sge: b.max_recv_sge.unwrap_or(d.max_recv_sge),
         max_inline_data: 0,
+        copy_tx: b.copy_tx,
     };
     let cc: CcKind =
         b.cc.as_deref()
@@ -447,7 +451,8 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         "max-rd-atomic": c.max_rd_atomic, "max-dest-rd-atomic": c.max_dest_rd_atomic,
         "access": access_names(c.access),
         "caps": {"max_send_wr": q.caps.max_send_wr, "max_recv_wr": q.caps.max_recv_wr,
-                 "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge},
+                 "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge,
+                 "copy_tx": q.caps.copy_tx},
         "cc": {"kind": q.cc_kind, "rate_bps": q.rate_bps,
                "target_bps": q.dcqcn.map(|d| d.0), "alpha": q.dcqcn.map(|d| d.1)},
         "counters": counters,

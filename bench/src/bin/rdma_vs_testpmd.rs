@@ -12,6 +12,10 @@
 //! - 64 B WRITE message rate / testpmd packet rate at 64 B frames;
 //! - 64 KiB WRITE payload bandwidth / testpmd frame bandwidth at the frames a 4096-byte path
 //!   MTU makes (payload only for ferroce, whole frames for testpmd: the ratio is conservative).
+//!
+//! Then, on the same nodes, short 64 KiB streams alternate between that QP pair and a second
+//! one created with `copy_tx` (payloads copied into frames instead of attached from the
+//! region), pairing the two ways issue 6 asks to compare under the same machine conditions.
 
 use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, testpmd_eal, wait_or_kill};
 use clap::Parser;
@@ -41,6 +45,9 @@ struct Args {
     /// WRITEs outstanding.
     #[arg(long, default_value_t = 128)]
     depth: usize,
+    /// Paired 64 KiB streams per round comparing attached and copied payloads.
+    #[arg(long, default_value_t = 4)]
+    pairs: usize,
     /// CPU of the sender (testpmd txonly, roced node A).
     #[arg(long, default_value_t = 1)]
     tx_cpu: usize,
@@ -178,6 +185,8 @@ struct Pair {
     b: Node,
     http: Http,
     qa: u64,
+    /// A QP pair like `qa`'s whose frames copy their payload (`copy_tx`).
+    qa_copy: u64,
     mra: Value,
     mrb: Value,
 }
@@ -218,28 +227,35 @@ impl Pair {
             json!({"length": 64 << 20, "access": ["local-write", "remote-write", "remote-read"]});
         let mra = http.call("POST", &u(&na, "/v1/mrs"), Some(reg.clone()))?;
         let mrb = http.call("POST", &u(&nb, "/v1/mrs"), Some(reg))?;
-        let qp = json!({"cc": "none", "max_send_wr": 1024});
-        let qa = http.call("POST", &u(&na, "/v1/qps"), Some(qp.clone()))?["qpn"]
-            .as_u64()
-            .unwrap_or(0);
-        let qb = http.call("POST", &u(&nb, "/v1/qps"), Some(qp))?["qpn"]
-            .as_u64()
-            .unwrap_or(0);
-        http.call(
-            "POST",
-            &u(&na, &format!("/v1/qps/{qa}/connect")),
-            Some(json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "mtu": 4096})),
-        )?;
-        http.call(
-            "POST",
-            &u(&nb, &format!("/v1/qps/{qb}/connect")),
-            Some(json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "mtu": 4096})),
-        )?;
+        // Two QP pairs: the second copies payloads into frames even where the first attaches
+        // them, for the paired comparison of the two.
+        let mut qas = Vec::new();
+        for copy_tx in [false, true] {
+            let qp = json!({"cc": "none", "max_send_wr": 1024, "copy_tx": copy_tx});
+            let qa = http.call("POST", &u(&na, "/v1/qps"), Some(qp.clone()))?["qpn"]
+                .as_u64()
+                .unwrap_or(0);
+            let qb = http.call("POST", &u(&nb, "/v1/qps"), Some(qp))?["qpn"]
+                .as_u64()
+                .unwrap_or(0);
+            http.call(
+                "POST",
+                &u(&na, &format!("/v1/qps/{qa}/connect")),
+                Some(json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "mtu": 4096})),
+            )?;
+            http.call(
+                "POST",
+                &u(&nb, &format!("/v1/qps/{qb}/connect")),
+                Some(json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "mtu": 4096})),
+            )?;
+            qas.push(qa);
+        }
         Ok(Pair {
             a: na,
             b: nb,
             http,
-            qa,
+            qa: qas[0],
+            qa_copy: qas[1],
             mra,
             mrb,
         })
@@ -257,6 +273,11 @@ impl Pair {
     /// Streams `count` WRITEs of `size` bytes; messages per second. Prints each side's idle
     /// loop iterations per second meanwhile: the side that limits the rate hardly idles.
     fn stream(&self, size: usize, count: u64, depth: usize) -> Result<f64, String> {
+        self.stream_on(self.qa, size, count, depth)
+    }
+
+    /// The same on the QP `qa` of node A.
+    fn stream_on(&self, qa: u64, size: usize, count: u64, depth: usize) -> Result<f64, String> {
         let (ia, ib, t0) = (
             self.idle_loops(&self.a),
             self.idle_loops(&self.b),
@@ -264,7 +285,7 @@ impl Pair {
         );
         let r = self.http.call(
             "POST",
-            &format!("http://{}/v1/qps/{}/stream", self.a.api, self.qa),
+            &format!("http://{}/v1/qps/{qa}/stream", self.a.api),
             Some(json!({"opcode": "write",
                         "sge": [{"addr": self.mra["addr"], "length": size, "lkey": self.mra["lkey"]}],
                         "remote_addr": self.mrb["addr"], "rkey": self.mrb["rkey"],
@@ -305,6 +326,7 @@ fn main() -> std::process::ExitCode {
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::create_dir_all("/run/ferroce");
     let (mut tp64, mut tp4k, mut w64, mut w64k) = (vec![], vec![], vec![], vec![]);
+    let (mut zc_attach, mut zc_copy) = (vec![], vec![]);
     for round in 0..a.rounds {
         let r = (|| -> Result<(), String> {
             let p = testpmd_rate(&a, 64, &dir, &format!("64-{round}"))?;
@@ -328,6 +350,25 @@ fn main() -> std::process::ExitCode {
                     m * 65536.0 * 8.0 / 1e9
                 );
                 w64k.push(m * 65536.0 * 8.0);
+                // Attached vs copied payloads, paired: short streams alternating on the two
+                // QP pairs of the same nodes, so drift on this machine hits both alike.
+                for k in 0..a.pairs {
+                    let order = if k % 2 == 0 {
+                        [false, true]
+                    } else {
+                        [true, false]
+                    };
+                    for copy in order {
+                        let q = if copy { pair.qa_copy } else { pair.qa };
+                        let m = pair.stream_on(q, 64 << 10, a.large_count / 4, a.depth.min(64))?;
+                        let g = m * 65536.0 * 8.0;
+                        if copy {
+                            zc_copy.push(g)
+                        } else {
+                            zc_attach.push(g)
+                        }
+                    }
+                }
                 Ok::<(), String>(())
             })();
             pair.stop();
@@ -354,7 +395,11 @@ fn main() -> std::process::ExitCode {
          | testpmd {MTU4096_FRAME} B frames, Gb/s (whole frames) | {:.1} | {} |\n\
          | roced 64 KiB WRITE, Gb/s (payload) | {:.1} | {} |\n\n\
          **64 B WRITE rate / testpmd packet rate: {:.3}** (goal >= 0.6)\n\n\
-         **64 KiB WRITE bandwidth / testpmd bandwidth: {:.3}** (goal >= 0.9)\n",
+         **64 KiB WRITE bandwidth / testpmd bandwidth: {:.3}** (goal >= 0.9)\n\n\
+         Payloads attached (external buffers, 4 KiB segments) vs copied into the frames, 64 KiB WRITEs, \
+         {} paired streams of {} per round alternating on two QP pairs of the same nodes: \
+         attached {:.1} Gb/s, copied {:.1} Gb/s (medians), **attached / copied {:.3}**; \
+         median of the per-pair ratios {:.3}.\n",
         a.tx_cpu,
         a.rx_cpu,
         a.seconds,
@@ -371,6 +416,18 @@ fn main() -> std::process::ExitCode {
         fmt_list(&w64k, 1e9, 1),
         m_w64 / m_tp64,
         m_w64k / m_tp4k,
+        a.pairs,
+        a.large_count / 4,
+        median(&zc_attach) / 1e9,
+        median(&zc_copy) / 1e9,
+        median(&zc_attach) / median(&zc_copy),
+        median(
+            &zc_attach
+                .iter()
+                .zip(&zc_copy)
+                .map(|(x, y)| x / y)
+                .collect::<Vec<_>>()
+        ),
     );
     println!("{report}");
     if let Some(p) = &a.report

@@ -75,6 +75,9 @@ pub struct QpCaps {
     pub max_recv_sge: u32,
     /// Bytes a send work request may carry inline (copied at post time).
     pub max_inline_data: u32,
+    /// Copy payloads into frames even where they could go attached from their region (see
+    /// [`ATTACH_MIN`]): for comparisons and for ports that mishandle chained frames.
+    pub copy_tx: bool,
 }
 
 impl Default for QpCaps {
@@ -85,6 +88,7 @@ impl Default for QpCaps {
             max_send_sge: MAX_SGE as u32,
             max_recv_sge: MAX_SGE as u32,
             max_inline_data: 0,
+            copy_tx: false,
         }
     }
 }
@@ -830,7 +834,8 @@ impl RcQp {
         } else {
             pk.len as usize
         };
-        let attached = if self.tx_attach && inline.is_none() && payload >= ATTACH_MIN {
+        let attach = self.tx_attach && !self.caps.copy_tx;
+        let attached = if attach && inline.is_none() && payload >= ATTACH_MIN {
             self.emit_attached(out, b, ext, mrs, sg, pk.offset as u64, payload)
         } else {
             None
@@ -947,7 +952,7 @@ impl RcQp {
                 };
                 let b = self.bth(opcode, psn.add(next), false, false);
                 let at = va + off as u64;
-                let attached = (self.tx_attach && n >= ATTACH_MIN)
+                let attached = (self.tx_attach && !self.caps.copy_tx && n >= ATTACH_MIN)
                     .then(|| {
                         let sg = [Sge {
                             addr: at,
