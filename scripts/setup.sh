@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs what ferroce needs on a fresh Debian 12 and prepares the machine (root):
 # DPDK 22.11 and its headers, libclang for bindgen, iproute2/ping for the integration tests,
-# tshark and scapy for the wire cross-checks, DejaVu fonts for the benchmark plots, 2 MiB hugepages reserved and hugetlbfs mounted
+# tshark and scapy for the wire cross-checks, DejaVu fonts for the benchmark plots, Prometheus
+# and promtool for the /metrics tests (which start their own server on 127.0.0.1:7549; where
+# systemd runs, Debian also starts its packaged one on :9090, unused by ferroce), 2 MiB
+# hugepages reserved and hugetlbfs mounted
 # on /dev/hugepages. Idempotent.
 set -euo pipefail
 
-PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core)
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus)
 HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
 
 if [ "$(id -u)" != 0 ]; then

@@ -7,8 +7,8 @@
 //! which is raw bytes (`application/octet-stream`).
 
 use crate::rdma::{
-    ApiError, ConnectRequest, Rdma, access_names, parse_access, parse_gid, state_name,
-    wc_opcode_name, wc_status_name,
+    ApiError, ConnectRequest, Rdma, access_names, parse_access, parse_gid, wc_opcode_name,
+    wc_status_name,
 };
 use arrayvec::ArrayVec;
 use axum::Router;
@@ -99,6 +99,7 @@ async fn blocking<T: Send + 'static>(
 pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/ports", get(ports))
         .route("/v1/ports/{port}/impair", get(impair_show).put(impair_set))
         .route("/v1/mrs", get(mr_list).post(mr_reg))
@@ -441,7 +442,7 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
     json!({
-        "lqpn": qpn, "rqpn": c.dest_qp, "type": "RC", "state": state_name(c.state),
+        "lqpn": qpn, "rqpn": c.dest_qp, "type": "RC", "state": c.state.name(),
         "rq-psn": c.rq_psn.value(), "sq-psn": c.sq_psn.value(), "pdn": 0, "lcore": lcore, "port": q.port,
         "path-mtu": c.path_mtu.map(|m| m.bytes()),
         "remote-gid": c.path.map(|p| p.remote_ip.to_string()),
@@ -771,6 +772,22 @@ async fn qp_poll(
     let (sc, rc) = blocking(move || s.rdma.poll_cq(qpn, max, wait)).await?;
     ok(json!({"send": sc.iter().map(wc_json).collect::<Vec<_>>(),
               "recv": rc.iter().map(wc_json).collect::<Vec<_>>()}))
+}
+
+/// Prometheus exposition of the node's counters (see [`crate::metrics`]).
+async fn metrics(State(s): State<Arc<ApiState>>) -> Reply {
+    let s2 = s.clone();
+    let hosts = blocking(move || s.rdma.counters()).await?;
+    let text = crate::metrics::render(&s2, &hosts)
+        .map_err(|e| ApiError::internal("internal", format!("metrics: {e}")))?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn stats(State(s): State<Arc<ApiState>>) -> Reply {

@@ -7,5 +7,6 @@
 
 pub mod api;
 pub mod config;
+pub mod metrics;
 pub mod node;
 pub mod rdma;

@@ -16,7 +16,7 @@ use dataplane::port::MacAddr;
 use dataplane::transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
-use dataplane::transport::qp::{Mtu, Path, QpState};
+use dataplane::transport::qp::{Mtu, Path};
 use dataplane::transport::rc::{Connect, QpCaps};
 use dataplane::transport::wr::{RecvWr, SendWr};
 use std::collections::{BTreeMap, HashMap};
@@ -674,19 +674,6 @@ pub fn host_counters_json(h: &HostCounters) -> serde_json::Map<String, serde_jso
     m.insert("handoffs".into(), h.handoffs.into());
     m.insert("handoff_drops".into(), h.handoff_drops.into());
     m
-}
-
-/// The name of a QP state as `rdma resource show qp` prints it.
-pub fn state_name(s: QpState) -> &'static str {
-    match s {
-        QpState::Reset => "RESET",
-        QpState::Init => "INIT",
-        QpState::Rtr => "RTR",
-        QpState::Rts => "RTS",
-        QpState::Sqd => "SQD",
-        QpState::Sqe => "SQE",
-        QpState::Err => "ERR",
-    }
 }
 
 /// Names of completion statuses, as `ibv_wc_status_str` spells them.

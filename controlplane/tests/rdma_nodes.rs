@@ -485,3 +485,151 @@ fn connect_pair_check(n: &Cluster, qa: u32, qb: u32, (ka, aa): (u32, u64)) {
     assert_eq!(completion(&n.api[0], qa, false)["status"], "success");
     assert_eq!(get(&n.api[1], kb, ab, 8), b"checked!");
 }
+
+/// The value of the series `name{labels}` in Prometheus text, if it is there.
+fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn prometheus_scrapes_the_counters_of_both_nodes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("metrics", 7540);
+    let ra = reg(&n.api[0], 1 << 20);
+    let rb = reg(&n.api[1], 1 << 20);
+    let (qa, qb) = pair(&n, Some(0), Some(1), 4096, false);
+    every_opcode(&n, qa, qb, ra, rb, &[64, 8192], 7);
+    let (_, _) = pair(&n, Some(1), Some(0), 1024, false); // a second pair, left idle in RTS
+
+    let scrape = |i: usize| {
+        let (status, body) = n.api[i].get_bytes("/metrics");
+        assert_eq!(status, 200);
+        String::from_utf8(body).expect("UTF-8 exposition")
+    };
+    let (ta, tb) = (scrape(0), scrape(1));
+    // The exposition carries what /v1/stats says, under the rxe names.
+    let stats = n.api[0].ok(n.api[0].get("/v1/stats"));
+    let sent0 = stats["lcores"][0]["counters"]["sent_pkts"]
+        .as_f64()
+        .unwrap();
+    assert!(sent0 > 0.0);
+    assert_eq!(
+        series(&ta, r#"ferroce_sent_pkts_total{lcore="0"}"#),
+        Some(sent0)
+    );
+    assert!(series(&tb, r#"ferroce_rx_write_requests_total{lcore="1"}"#).unwrap() > 0.0);
+    assert!(series(&tb, r#"ferroce_rx_atomic_requests_total{lcore="1"}"#).unwrap() > 0.0);
+    assert!(series(&ta, r#"ferroce_tx_attached_pkts_total{lcore="0"}"#).unwrap() > 0.0);
+    for (t, l) in [(&ta, "0"), (&ta, "1"), (&tb, "0"), (&tb, "1")] {
+        let q = format!(r#"ferroce_qps{{lcore="{l}",state="RTS"}}"#);
+        assert_eq!(series(t, &q), Some(1.0), "{q} in\n{t}");
+        let d = format!(r#"ferroce_dcqcn_qps{{lcore="{l}"}}"#);
+        assert_eq!(series(t, &d), Some(1.0), "{d}");
+    }
+    assert!(
+        series(
+            &ta,
+            r#"ferroce_port_tx_packets_total{device="net_memif0",port="0"}"#
+        )
+        .unwrap()
+            > 0.0
+    );
+    assert_eq!(series(&ta, r#"ferroce_port_link_up{port="0"}"#), Some(1.0));
+    let rx = |l: &str| {
+        series(
+            &ta,
+            &format!(r#"ferroce_lcore_rx_packets_total{{lcore="{l}"}}"#),
+        )
+    };
+    assert!(rx("0").unwrap() + rx("1").unwrap() > 0.0);
+    assert!(ta.contains(r#"ferroce_impair_lost_total{direction="tx",port="0"} 0"#));
+
+    // promtool finds nothing to complain about.
+    for t in [&ta, &tb] {
+        let mut c = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian's prometheus package; scripts/setup.sh installs it)");
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(t.as_bytes()).unwrap();
+        let out = c.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "promtool: {said}"
+        );
+    }
+
+    // A real Prometheus scrapes both nodes; its queries give the nodes' figures.
+    let dir = tmpdir("prometheus");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: ferroce\n    static_configs:\n      \
+         - targets: ['127.0.0.1:7540', '127.0.0.1:7541']\n",
+    )
+    .unwrap();
+    let mut prom = std::process::Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg("--web.listen-address=127.0.0.1:7549")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("prometheus (Debian's prometheus package; scripts/setup.sh installs it)");
+    let q = Api::new("127.0.0.1:7549");
+    let query = |expr: &str| -> Option<f64> {
+        let enc: String = expr
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b == b'_' {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        let (s, v) = q.get(&format!("/api/v1/query?query={enc}"));
+        if s != 200 {
+            return None;
+        }
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    };
+    let want_writes = series(&tb, r#"ferroce_rx_write_requests_total{lcore="1"}"#).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut got = (None, None);
+    while t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        if std::net::TcpStream::connect("127.0.0.1:7549").is_err() {
+            continue;
+        }
+        got = (
+            query("sum(ferroce_rx_write_requests_total)"),
+            query(r#"sum(ferroce_qps{state="RTS"})"#),
+        );
+        if got.0 == Some(want_writes) && got.1 == Some(4.0) {
+            break;
+        }
+    }
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+    assert_eq!(
+        got,
+        (Some(want_writes), Some(4.0)),
+        "Prometheus saw other figures; its log:\n{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    n.stop();
+}

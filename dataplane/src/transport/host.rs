@@ -198,7 +198,7 @@ pub enum RdmaCommand {
 }
 
 /// What an lcore's host reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostCounters {
     /// Its QPs' counters summed (destroyed QPs included).
     pub qp: QpCounters,
@@ -206,6 +206,25 @@ pub struct HostCounters {
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
     pub handoff_drops: u64,
+    /// Its QPs now, by state (indexed as [`QpState::ALL`](super::qp::QpState::ALL)).
+    pub qp_states: [u32; 7],
+    /// Its QPs under DCQCN now.
+    pub dcqcn: DcqcnSummary,
+}
+
+/// DCQCN over one lcore's QPs at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DcqcnSummary {
+    /// QPs whose congestion control is DCQCN.
+    pub qps: u32,
+    /// Of those, QPs sending below the line rate (cut by CNPs and not yet recovered).
+    pub limited: u32,
+    /// The lowest current rate among them, bits per second (0 without any).
+    pub min_rate_bps: f64,
+    /// Their current rates summed, bits per second.
+    pub sum_rate_bps: f64,
+    /// The highest alpha (DCQCN's congestion estimate, 0 to 1) among them.
+    pub max_alpha: f64,
 }
 
 /// What [`RdmaCommand::Query`] tells of a QP.
@@ -687,10 +706,32 @@ impl<B: PacketBuf> RdmaHost<B> {
                 for s in self.slots.iter().flatten() {
                     c.add(&s.qp.counters);
                 }
+                let mut qp_states = [0u32; 7];
+                let mut dcqcn = DcqcnSummary::default();
+                for s in self.slots.iter().flatten() {
+                    let st = s.qp.cfg.state;
+                    if let Some(k) = super::qp::QpState::ALL.iter().position(|x| *x == st) {
+                        qp_states[k] += 1;
+                    }
+                    if let crate::cc::Cc::Dcqcn(d) = s.qp.cc() {
+                        let r = d.rate();
+                        dcqcn.min_rate_bps = if dcqcn.qps == 0 {
+                            r
+                        } else {
+                            dcqcn.min_rate_bps.min(r)
+                        };
+                        dcqcn.qps += 1;
+                        dcqcn.limited += (r < self.line_bps) as u32;
+                        dcqcn.sum_rate_bps += r;
+                        dcqcn.max_alpha = dcqcn.max_alpha.max(d.alpha(now, s.qp.cc_params()));
+                    }
+                }
                 let _ = reply.send(HostCounters {
                     qp: c,
                     handoffs: self.handoffs,
                     handoff_drops: self.handoff_drops,
+                    qp_states,
+                    dcqcn,
                 });
             }
             RdmaCommand::DestroyQp { qpn, reply } => {

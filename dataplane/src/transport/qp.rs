@@ -29,6 +29,32 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// Every state, in the order of the verbs enum.
+    pub const ALL: [QpState; 7] = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Err,
+    ];
+
+    /// The name `rdma resource show qp` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        }
+    }
+}
+
 /// Path MTU (payload bytes per packet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mtu {

@@ -1,0 +1,326 @@
+//! Prometheus exposition of a node (`GET /metrics`): its ports, lcores, RDMA transport,
+//! impairment stages, QPs by state and DCQCN, under the `ferroce_` prefix.
+//!
+//! The counters live where they are counted (single-writer per lcore); a scrape reads them
+//! (the RDMA ones through each lcore's command channel, as `/v1/stats` does) into a fresh
+//! registry and encodes it, so nothing is kept between scrapes and the exposition always
+//! shows the counters' own totals. RDMA counters keep the rxe/mlx5 names (`sent_pkts` is
+//! `ferroce_sent_pkts_total`), per lcore: a QP lives on one lcore for its whole life, so the
+//! per-lcore series are the device totals split by owner.
+
+use crate::api::ApiState;
+use dataplane::counters::DropReason;
+use dataplane::transport::host::HostCounters;
+use dataplane::transport::qp::QpState;
+use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+/// What the help line says for each RDMA counter name (rxe's and mlx5's meanings).
+fn rdma_help(name: &str) -> &'static str {
+    match name {
+        "sent_pkts" => "RoCE frames sent (requests, responses, ACKs, CNPs, retransmissions)",
+        "rcvd_pkts" => "RoCE frames received for a QP that passed their checks",
+        "rx_write_requests" => "RDMA WRITE request packets executed",
+        "rx_read_requests" => "RDMA READ requests executed",
+        "rx_atomic_requests" => "atomic requests executed",
+        "out_of_buffer" => "SENDs that found no posted receive (RNR NAKs sent)",
+        "out_of_sequence" => "request packets received out of sequence",
+        "duplicate_request" => "duplicate request packets received",
+        "packet_seq_err" => "PSN sequence error NAKs received",
+        "implied_nak_seq_err" => "READ or atomic responses that implied lost packets",
+        "local_ack_timeout_err" => "ACK timeouts (retransmissions by timer)",
+        "rnr_nak_retry_err" => "RNR NAKs received",
+        "req_transport_retries_exceeded" => "QPs failed after retry_cnt retransmissions",
+        "req_rnr_retries_exceeded" => "QPs failed after rnr_retry RNR retries",
+        "np_ecn_marked_roce_packets" => "CE-marked RoCE packets received (notification point)",
+        "np_cnp_sent" => "CNPs sent (notification point)",
+        "rp_cnp_received" => "CNPs received (reaction point)",
+        "tx_attached_pkts" => "frames sent with their payload attached from the region",
+        _ => "RDMA transport counter",
+    }
+}
+
+/// Families registered in one registry, for one scrape.
+struct Families(Registry);
+
+impl Families {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, String> {
+        let c = IntCounterVec::new(Opts::new(name, help), labels).map_err(|e| e.to_string())?;
+        self.0
+            .register(Box::new(c.clone()))
+            .map_err(|e| format!("{name}: {e}"))?;
+        Ok(c)
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, String> {
+        let g = GaugeVec::new(Opts::new(name, help), labels).map_err(|e| e.to_string())?;
+        self.0
+            .register(Box::new(g.clone()))
+            .map_err(|e| format!("{name}: {e}"))?;
+        Ok(g)
+    }
+
+    fn int_gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, String> {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels).map_err(|e| e.to_string())?;
+        self.0
+            .register(Box::new(g.clone()))
+            .map_err(|e| format!("{name}: {e}"))?;
+        Ok(g)
+    }
+}
+
+/// The exposition text for the node `st`, whose lcores reported `hosts`.
+pub fn render(st: &ApiState, hosts: &[HostCounters]) -> Result<String, String> {
+    let f = Families(Registry::new());
+    ports(&f, st)?;
+    lcores(&f, st)?;
+    rdma(&f, hosts)?;
+    impairment(&f, st)?;
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&f.0.gather(), &mut out)
+        .map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
+fn ports(f: &Families, st: &ApiState) -> Result<(), String> {
+    let ports = st.ports.lock().expect("ports").clone();
+    let counters = [
+        (
+            "ipackets",
+            "ferroce_port_rx_packets_total",
+            "frames the port received",
+        ),
+        (
+            "opackets",
+            "ferroce_port_tx_packets_total",
+            "frames the port sent",
+        ),
+        (
+            "ibytes",
+            "ferroce_port_rx_bytes_total",
+            "bytes the port received",
+        ),
+        (
+            "obytes",
+            "ferroce_port_tx_bytes_total",
+            "bytes the port sent",
+        ),
+        (
+            "imissed",
+            "ferroce_port_rx_missed_total",
+            "frames the port dropped for want of room in its receive queues",
+        ),
+        (
+            "ierrors",
+            "ferroce_port_rx_errors_total",
+            "erroneous frames received",
+        ),
+        (
+            "oerrors",
+            "ferroce_port_tx_errors_total",
+            "frames the port failed to send",
+        ),
+        (
+            "rx_nombuf",
+            "ferroce_port_rx_nombuf_total",
+            "receive failures for want of mbufs",
+        ),
+    ];
+    for (key, name, help) in counters {
+        let c = f.counter(name, help, &["port", "device"])?;
+        for p in &ports {
+            let (i, dev) = (p["port"].to_string(), p["device"].as_str().unwrap_or(""));
+            c.with_label_values(&[i.as_str(), dev])
+                .inc_by(p[key].as_u64().unwrap_or(0));
+        }
+    }
+    let up = f.int_gauge(
+        "ferroce_port_link_up",
+        "1 if the port's link is up",
+        &["port"],
+    )?;
+    let mtu = f.int_gauge("ferroce_port_mtu_bytes", "the port's MTU", &["port"])?;
+    for p in &ports {
+        let i = p["port"].to_string();
+        up.with_label_values(&[i.as_str()])
+            .set(p["link_up"].as_bool().unwrap_or(false) as i64);
+        mtu.with_label_values(&[i.as_str()])
+            .set(p["mtu"].as_i64().unwrap_or(0));
+    }
+    Ok(())
+}
+
+fn lcores(f: &Families, st: &ApiState) -> Result<(), String> {
+    let drops = f.counter(
+        "ferroce_lcore_drops_total",
+        "frames an lcore dropped, by reason",
+        &["lcore", "reason"],
+    )?;
+    let reasons: Vec<&str> = DropReason::ALL.iter().map(|r| r.label()).collect();
+    let mut families: Vec<(&str, IntCounterVec)> = Vec::new();
+    for (i, lc) in st.lcore_counters.iter().enumerate() {
+        let l = i.to_string();
+        for (name, v) in lc.snapshot() {
+            if reasons.contains(&name) {
+                drops.with_label_values(&[l.as_str(), name]).inc_by(v);
+                continue;
+            }
+            let c = match families.iter().find(|(n, _)| *n == name) {
+                Some((_, c)) => c.clone(),
+                None => {
+                    let c = f.counter(
+                        &format!("ferroce_lcore_{name}_total"),
+                        &format!("the lcore poll loop's {name} (frames, loops, replies)"),
+                        &["lcore"],
+                    )?;
+                    families.push((name, c.clone()));
+                    c
+                }
+            };
+            c.with_label_values(&[l.as_str()]).inc_by(v);
+        }
+    }
+    Ok(())
+}
+
+fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
+    let names = HostCounters::default().qp.named().map(|(n, _)| n);
+    for name in names {
+        let c = f.counter(
+            &format!("ferroce_{name}_total"),
+            rdma_help(name),
+            &["lcore"],
+        )?;
+        for (i, h) in hosts.iter().enumerate() {
+            let v =
+                h.qp.named()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(0, |x| x.1);
+            c.with_label_values(&[i.to_string().as_str()]).inc_by(v);
+        }
+    }
+    let handoffs = f.counter(
+        "ferroce_handoffs_total",
+        "frames an lcore passed to the lcore owning their QP",
+        &["lcore"],
+    )?;
+    let handoff_drops = f.counter(
+        "ferroce_handoff_drops_total",
+        "frames dropped because a handoff ring was full",
+        &["lcore"],
+    )?;
+    let qps = f.int_gauge("ferroce_qps", "QPs by state", &["lcore", "state"])?;
+    let dq = f.int_gauge(
+        "ferroce_dcqcn_qps",
+        "QPs whose congestion control is DCQCN",
+        &["lcore"],
+    )?;
+    let dl = f.int_gauge(
+        "ferroce_dcqcn_limited_qps",
+        "DCQCN QPs sending below the line rate",
+        &["lcore"],
+    )?;
+    let dmin = f.gauge(
+        "ferroce_dcqcn_min_rate_bytes_per_second",
+        "the lowest DCQCN rate among the lcore's QPs (absent without DCQCN QPs)",
+        &["lcore"],
+    )?;
+    let dsum = f.gauge(
+        "ferroce_dcqcn_rate_sum_bytes_per_second",
+        "DCQCN rates of the lcore's QPs summed",
+        &["lcore"],
+    )?;
+    let dalpha = f.gauge(
+        "ferroce_dcqcn_max_alpha",
+        "the highest DCQCN alpha (congestion estimate, 0 to 1) among the lcore's QPs",
+        &["lcore"],
+    )?;
+    for (i, h) in hosts.iter().enumerate() {
+        let l = i.to_string();
+        let l = l.as_str();
+        handoffs.with_label_values(&[l]).inc_by(h.handoffs);
+        handoff_drops
+            .with_label_values(&[l])
+            .inc_by(h.handoff_drops);
+        for (k, s) in QpState::ALL.iter().enumerate() {
+            qps.with_label_values(&[l, s.name()])
+                .set(h.qp_states[k] as i64);
+        }
+        let d = &h.dcqcn;
+        dq.with_label_values(&[l]).set(d.qps as i64);
+        dl.with_label_values(&[l]).set(d.limited as i64);
+        dsum.with_label_values(&[l]).set(d.sum_rate_bps / 8.0);
+        if d.qps > 0 {
+            dmin.with_label_values(&[l]).set(d.min_rate_bps / 8.0);
+            dalpha.with_label_values(&[l]).set(d.max_alpha);
+        }
+    }
+    Ok(())
+}
+
+fn impairment(f: &Families, st: &ApiState) -> Result<(), String> {
+    let labels = ["port", "direction"];
+    let counters = [
+        (
+            "lost",
+            "frames the impairment stage lost (random or burst loss)",
+        ),
+        ("corrupted", "frames the impairment stage corrupted"),
+        ("duplicated", "extra copies the impairment stage sent"),
+        ("reordered", "frames the impairment stage held back"),
+        ("ce_marked", "frames the congestion point marked CE"),
+        (
+            "cp_dropped",
+            "frames the congestion point dropped (buffer full)",
+        ),
+        (
+            "dropped_unlinearizable",
+            "multi-segment frames the stage could not make contiguous, dropped",
+        ),
+    ];
+    let mut fams = Vec::new();
+    for (n, help) in counters {
+        fams.push(f.counter(&format!("ferroce_impair_{n}_total"), help, &labels)?);
+    }
+    let q = f.int_gauge(
+        "ferroce_impair_cp_queue_bytes",
+        "bytes in the congestion point's queue now",
+        &labels,
+    )?;
+    let qmax = f.int_gauge(
+        "ferroce_impair_cp_max_queue_bytes",
+        "the most bytes the congestion point's queue has held",
+        &labels,
+    )?;
+    for (p, handles) in st.impair.iter().enumerate() {
+        let p = p.to_string();
+        for (dir, pick) in [("rx", 0), ("tx", 1)] {
+            let mut sums = [0u64; 7];
+            let (mut qb, mut qm) = (0u64, 0u64);
+            for h in handles {
+                let s = if pick == 0 { &h.stats.rx } else { &h.stats.tx };
+                let v = [
+                    s.lost.get(),
+                    s.corrupted.get(),
+                    s.duplicated.get(),
+                    s.reordered.get(),
+                    s.ce_marked.get(),
+                    s.cp_dropped.get(),
+                    s.dropped_unlinearizable.get(),
+                ];
+                for (a, b) in sums.iter_mut().zip(v) {
+                    *a += b;
+                }
+                qb += s.cp_queue_bytes.get();
+                qm = qm.max(s.cp_max_bytes.get());
+            }
+            for (c, v) in fams.iter().zip(sums) {
+                c.with_label_values(&[p.as_str(), dir]).inc_by(v);
+            }
+            q.with_label_values(&[p.as_str(), dir]).set(qb as i64);
+            qmax.with_label_values(&[p.as_str(), dir]).set(qm as i64);
+        }
+    }
+    Ok(())
+}
