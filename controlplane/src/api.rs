@@ -777,8 +777,8 @@ async fn qp_poll(
 /// Prometheus exposition of the node's counters (see [`crate::metrics`]).
 async fn metrics(State(s): State<Arc<ApiState>>) -> Reply {
     let s2 = s.clone();
-    let hosts = blocking(move || s.rdma.counters()).await?;
-    let text = crate::metrics::render(&s2, &hosts)
+    let (hosts, latency) = blocking(move || Ok((s.rdma.counters()?, s.rdma.latency()?))).await?;
+    let text = crate::metrics::render(&s2, &hosts, &latency)
         .map_err(|e| ApiError::internal("internal", format!("metrics: {e}")))?;
     Ok((
         [(

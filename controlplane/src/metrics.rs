@@ -10,6 +10,7 @@
 
 use crate::api::ApiState;
 use dataplane::counters::DropReason;
+use dataplane::transport::cq::{LatencyHistograms, WcOpcode};
 use dataplane::transport::host::HostCounters;
 use dataplane::transport::qp::QpState;
 use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -68,8 +69,18 @@ impl Families {
     }
 }
 
-/// The exposition text for the node `st`, whose lcores reported `hosts`.
-pub fn render(st: &ApiState, hosts: &[HostCounters]) -> Result<String, String> {
+/// Upper bounds of the completion-latency histogram buckets, seconds.
+const LATENCY_BUCKETS: [f64; 22] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,
+    0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// The exposition text for the node `st`, whose lcores reported `hosts` and `latency`.
+pub fn render(
+    st: &ApiState,
+    hosts: &[HostCounters],
+    latency: &LatencyHistograms,
+) -> Result<String, String> {
     let f = Families(Registry::new());
     ports(&f, st)?;
     lcores(&f, st)?;
@@ -79,7 +90,42 @@ pub fn render(st: &ApiState, hosts: &[HostCounters]) -> Result<String, String> {
     TextEncoder::new()
         .encode(&f.0.gather(), &mut out)
         .map_err(|e| e.to_string())?;
-    String::from_utf8(out).map_err(|e| e.to_string())
+    let mut text = String::from_utf8(out).map_err(|e| e.to_string())?;
+    latency_text(&mut text, latency);
+    Ok(text)
+}
+
+/// `ferroce_completion_latency_seconds`, a histogram per send opcode, written in the text
+/// format directly: the client library's histograms take observations one by one, while these
+/// come from HdrHistogram already counted (bucket counts are its counts at or below each
+/// bound, to its two significant digits).
+fn latency_text(out: &mut String, latency: &LatencyHistograms) {
+    use std::fmt::Write;
+    let name = "ferroce_completion_latency_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} post-to-completion latency of signalled send work requests, by opcode"
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (op, h) in WcOpcode::SEND_SIDE.iter().zip(&latency.by_opcode) {
+        let op = op.name();
+        for le in LATENCY_BUCKETS {
+            let n = if h.is_empty() {
+                0
+            } else {
+                h.count_between(0, (le * 1e9) as u64)
+            };
+            let _ = writeln!(out, "{name}_bucket{{opcode=\"{op}\",le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{opcode=\"{op}\",le=\"+Inf\"}} {}",
+            h.len()
+        );
+        let sum = h.mean() * h.len() as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{opcode=\"{op}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{opcode=\"{op}\"}} {}", h.len());
+    }
 }
 
 fn ports(f: &Families, st: &ApiState) -> Result<(), String> {

@@ -13,7 +13,7 @@ use dataplane::lcore::Command;
 use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
-use dataplane::transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
 use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path};
@@ -651,6 +651,15 @@ impl Rdma {
     }
 
     /// Every lcore's RDMA counters.
+    /// Completion latency by opcode, every lcore's histograms added together.
+    pub fn latency(&self) -> Result<LatencyHistograms, ApiError> {
+        let mut all = LatencyHistograms::default();
+        for l in 0..self.lcores.len() {
+            all.add(&self.ask(l, |reply| RdmaCommand::Latency { reply })?);
+        }
+        Ok(all)
+    }
+
     pub fn counters(&self) -> Result<Vec<HostCounters>, ApiError> {
         (0..self.lcores.len())
             .map(|l| self.ask(l, |reply| RdmaCommand::Counters { reply }))

@@ -503,6 +503,8 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
     every_opcode(&n, qa, qb, ra, rb, &[64, 8192], 7);
     let (_, _) = pair(&n, Some(1), Some(0), 1024, false); // a second pair, left idle in RTS
 
+    // Port statistics reach the API with the control loop's refresh (every 250 ms).
+    std::thread::sleep(Duration::from_millis(600));
     let scrape = |i: usize| {
         let (status, body) = n.api[i].get_bytes("/metrics");
         assert_eq!(status, 200);
@@ -545,6 +547,30 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
     };
     assert!(rx("0").unwrap() + rx("1").unwrap() > 0.0);
     assert!(ta.contains(r#"ferroce_impair_lost_total{direction="tx",port="0"} 0"#));
+    // Completion latency: every opcode posted has its histogram (A WRITEs, READs and runs the
+    // atomics; B SENDs), all under 10 s.
+    for (t, op) in [
+        (&ta, "rdma_write"),
+        (&ta, "rdma_read"),
+        (&tb, "send"),
+        (&ta, "fetch_add"),
+        (&ta, "comp_swap"),
+    ] {
+        let count = series(
+            t,
+            &format!(r#"ferroce_completion_latency_seconds_count{{opcode="{op}"}}"#),
+        );
+        assert!(count.unwrap() > 0.0, "{op}: {count:?}");
+        let b = |le: &str| {
+            series(
+                t,
+                &format!(r#"ferroce_completion_latency_seconds_bucket{{opcode="{op}",le="{le}"}}"#),
+            )
+        };
+        assert_eq!(b("+Inf"), count);
+        assert_eq!(b("10"), count);
+        assert!(b("0.000001").unwrap() <= b("0.001").unwrap());
+    }
 
     // promtool finds nothing to complain about.
     for t in [&ta, &tb] {

@@ -15,7 +15,7 @@
 //! through a lock-free single-producer single-consumer ring ([`RdmaHost::sharded`]), counted as
 //! a handoff; memory regions belong to the lcore they were registered on.
 
-use super::cq::{CompletionQueue, WorkCompletion};
+use super::cq::{CompletionQueue, LatencyHistograms, WorkCompletion};
 use super::mr::{Access, MrError, MrTable, PdHandle};
 use super::qp::QpAttr;
 use super::rc::{CapsError, Connect, PostError, QpCaps, QpCounters, RcQp};
@@ -173,6 +173,11 @@ pub enum RdmaCommand {
         /// The totals.
         reply: Sender<HostCounters>,
     },
+    /// A copy of this lcore's completion-latency histograms (since it started).
+    Latency {
+        /// The copy.
+        reply: Sender<LatencyHistograms>,
+    },
     /// Posts `count` copies of `wr` (wr_id counting down from its own + count), keeping
     /// `depth` outstanding, on the lcore itself; replies when all have completed. The QP's
     /// send completions go to the stream meanwhile.
@@ -302,6 +307,8 @@ pub struct RdmaHost<B> {
     handoff_drops: u64,
     /// Scratch for polling completions (allocated once).
     wcs: Vec<WorkCompletion>,
+    /// Completion latency of its QPs' signalled send work, by opcode.
+    latency: LatencyHistograms,
 }
 
 impl<B> core::fmt::Debug for RdmaHost<B> {
@@ -335,6 +342,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             handoffs: 0,
             handoff_drops: 0,
             wcs: Vec::with_capacity(64),
+            latency: LatencyHistograms::default(),
         }
     }
 
@@ -422,6 +430,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
         }
         let mut posted = false;
+        slot.qp.observe(now);
         while st.to_post > 0 && st.outstanding < st.depth {
             let mut wr = st.wr.clone();
             wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
@@ -460,6 +469,8 @@ impl<B: PacketBuf> RdmaHost<B> {
         };
         let s = self.slots[i].as_mut().expect("index checked");
         s.qp.handle_parsed(now, info, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
+        let lat = &mut self.latency;
+        s.qp.take_latencies(|op, ns| lat.record(op, ns));
         let streaming = s.stream.is_some();
         self.mark_ready(i);
         if streaming {
@@ -650,6 +661,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             RdmaCommand::PostSend { qpn, wr, reply } => {
                 let r = self.on_qp(qpn, true, |s| {
+                    s.qp.observe(now);
                     s.qp.post_send(*wr).map_err(|e: PostError| e.to_string())
                 });
                 let _ = reply.send(r);
@@ -700,6 +712,9 @@ impl<B: PacketBuf> RdmaHost<B> {
                     reply,
                 });
                 self.feed(i, now);
+            }
+            RdmaCommand::Latency { reply } => {
+                let _ = reply.send(self.latency.clone());
             }
             RdmaCommand::Counters { reply } => {
                 let mut c = self.retired;

@@ -60,7 +60,12 @@ struct SendWqe {
     len: u64,
     /// Where its inline data sits in the QP's inline buffer, if it was posted inline.
     inline_at: Option<usize>,
+    /// When it was posted (the QP's latest time then; see [`RcQp::observe`]).
+    posted_at: Instant,
 }
+
+/// Completion latencies a QP holds until its host takes them ([`RcQp::take_latencies`]).
+const LATENCY_LOG: usize = 256;
 
 /// What a QP is created with; checked against the device limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -411,6 +416,8 @@ pub struct RcQp {
     ack_deadline: Option<Instant>,
     rnr_until: Option<Instant>,
     now: Instant,
+    /// Completion latencies (opcode, ns) not yet taken by the host.
+    latencies: ArrayVec<(WcOpcode, u64), LATENCY_LOG>,
     // Congestion control.
     cc: Cc,
     cc_params: DcqcnParams,
@@ -464,6 +471,7 @@ impl RcQp {
             ack_deadline: None,
             rnr_until: None,
             now: Instant::ZERO,
+            latencies: ArrayVec::new(),
             cc: Cc::new(CcKind::None, 0.0),
             cc_params: DcqcnParams::nvidia(),
             next_send: Instant::ZERO,
@@ -507,6 +515,22 @@ impl RcQp {
     /// Changes the DCQCN settings of this QP; its rates and alpha carry on.
     pub fn set_cc_params(&mut self, params: DcqcnParams) {
         self.cc_params = params;
+    }
+
+    /// Tells the QP the time, so work posted next is stamped with it (the host calls it
+    /// before posting; the QP otherwise knows the time of its latest event).
+    pub fn observe(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
+    /// Hands each completion latency recorded since the last call (signalled send work
+    /// requests completed successfully: opcode, nanoseconds from post) to `f`. A QP keeps at
+    /// most 256 between calls (the host takes them after every frame it hands the QP); beyond
+    /// that, more are not kept.
+    pub fn take_latencies(&mut self, mut f: impl FnMut(WcOpcode, u64)) {
+        for (op, ns) in self.latencies.drain(..) {
+            f(op, ns);
+        }
     }
 
     /// The QP's congestion controller (rate, target, alpha, CNP counts).
@@ -613,6 +637,7 @@ impl RcQp {
             first_psn,
             len,
             inline_at,
+            posted_at: self.now,
         });
         Ok(())
     }
@@ -1563,6 +1588,8 @@ impl RcQp {
                 self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
             }
             if w.wr.signaled {
+                let ns = self.now.saturating_since(w.posted_at).as_nanos() as u64;
+                let _ = self.latencies.try_push((w.wr.op.wc_opcode(), ns));
                 let len = w.len as u32;
                 let _ = cq.push(wc(
                     w.wr.wr_id,
