@@ -1,2 +1,3 @@
 //! rocectl's commands as a library, so they can be tested without a process.
+pub mod ctl;
 pub mod decode;

@@ -162,6 +162,7 @@ pub fn run(
             let heap = HugepageHeap::new(&eal);
             let api_net = plan.net.clone();
             let api_macs = macs.clone();
+            let api_mtus: Vec<u16> = ports.iter().map(|p| p.info().mtu).collect();
             let api_addr = plan.api;
             run_workers(
                 &ports,
@@ -183,7 +184,8 @@ pub fn run(
                         &api_net,
                         api_macs,
                         line_bps,
-                    );
+                    )
+                    .with_port_mtus(api_mtus);
                     let nports = impair.len();
                     let state = Arc::new(ApiState {
                         rdma,

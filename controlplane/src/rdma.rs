@@ -206,6 +206,8 @@ pub struct Rdma {
     resolved: Condvar,
     routes: Mutex<NetStack<Vec<u8>>>,
     macs: Vec<MacAddr>,
+    /// Per port: its MTU (the IP packets it carries), which bounds a QP's path MTU.
+    mtus: Vec<u16>,
     line_bps: f64,
 }
 
@@ -259,6 +261,7 @@ impl Rdma {
             resolved: Condvar::new(),
             routes: Mutex::new(NetStack::new(net, &macs, None)),
             macs,
+            mtus: Vec::new(),
             line_bps,
         }
     }
@@ -534,6 +537,12 @@ impl Rdma {
         }
     }
 
+    /// Sets the ports' MTUs (IP packet bytes), which bound the path MTU a QP may connect with.
+    pub fn with_port_mtus(mut self, mtus: Vec<u16>) -> Self {
+        self.mtus = mtus;
+        self
+    }
+
     /// Takes a QP from RESET to RTS towards its peer.
     pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
@@ -544,6 +553,29 @@ impl Rdma {
             ));
         }
         let (port, local, mac, vlan) = self.resolve(r.remote_gid)?;
+        if let Some(&port_mtu) = self.mtus.get(port) {
+            // The largest packet of the path MTU: IP and UDP headers, BTH, the longest
+            // extension headers a full segment carries (RETH + ImmDt), payload, ICRC.
+            let ip = if r.remote_gid.is_ipv4() { 20 } else { 40 };
+            let need = |m: u32| ip + 8 + 12 + 20 + m + 4;
+            if need(r.mtu.bytes()) > port_mtu as u32 {
+                let fits = [4096u32, 2048, 1024, 512, 256]
+                    .into_iter()
+                    .find(|m| need(*m) <= port_mtu as u32);
+                return Err(ApiError::bad(
+                    "bad_mtu",
+                    format!(
+                        "path MTU {} does not fit port {port}'s MTU {port_mtu} ({} byte packets); {}",
+                        r.mtu.bytes(),
+                        need(r.mtu.bytes()),
+                        match fits {
+                            Some(m) => format!("use {m} or less, or raise the port's mtu"),
+                            None => "raise the port's mtu".into(),
+                        }
+                    ),
+                ));
+            }
+        }
         let path = Path {
             local_ip: local,
             remote_ip: r.remote_gid,

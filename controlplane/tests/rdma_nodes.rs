@@ -659,3 +659,266 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
     let _ = std::fs::remove_dir_all(&dir);
     n.stop();
 }
+
+/// rocectl (in-process: `cli::ctl::run`) against node `api`: exit status, stdout, stderr.
+fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let argv = ["rocectl", "--api", api]
+        .into_iter()
+        .chain(args.iter().copied());
+    let code = cli::ctl::run(argv, &mut o, &mut e);
+    (
+        code,
+        String::from_utf8(o).unwrap(),
+        String::from_utf8(e).unwrap(),
+    )
+}
+
+/// rocectl --json, which must succeed; its JSON.
+fn rocectl_json(api: &str, args: &[&str]) -> Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = rocectl(api, &a);
+    assert_eq!(code, 0, "rocectl {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
+}
+
+#[test]
+fn rocectl_drives_two_nodes_from_regions_to_teardown() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("ctl", 7550);
+    let (a, b) = ("127.0.0.1:7550", "127.0.0.1:7551");
+    // The memif link comes up once both nodes run (and the ports' view refreshes).
+    let t0 = std::time::Instant::now();
+    let out = loop {
+        let (code, out, _) = rocectl(a, &["port", "show"]);
+        assert_eq!(code, 0);
+        if out.contains(" up ") || t0.elapsed() > Duration::from_secs(20) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        out.contains("net_memif0") && out.contains(" up ") && out.contains("9000"),
+        "{out}"
+    );
+
+    let access = "local-write,remote-write,remote-read,remote-atomic";
+    let ma = rocectl_json(a, &["mr", "reg", "--size", "64K", "--access", access]);
+    let mb = rocectl_json(b, &["mr", "reg", "--size", "64K", "--access", access]);
+    let (ka, aa) = (ma["lkey"].to_string(), ma["addr"].as_u64().unwrap());
+    let (kb, ab) = (mb["lkey"].to_string(), mb["addr"].as_u64().unwrap());
+    let (code, out, _) = rocectl(a, &["mr", "show"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("65536") && out.contains("remote-atomic"),
+        "{out}"
+    );
+
+    let qa = rocectl_json(a, &["qp", "create", "--lcore", "0"])["qpn"].to_string();
+    let qb = rocectl_json(b, &["qp", "create", "--lcore", "1"])["qpn"].to_string();
+    let q = rocectl_json(
+        a,
+        &[
+            "qp",
+            "connect",
+            &qa,
+            "--remote-qpn",
+            &qb,
+            "--remote-gid",
+            "10.89.0.2",
+            "--mtu",
+            "4096",
+        ],
+    );
+    assert_eq!(q["state"], "RTS");
+    rocectl_json(
+        b,
+        &[
+            "qp",
+            "connect",
+            &qb,
+            "--remote-qpn",
+            &qa,
+            "--remote-gid",
+            "10.89.0.1",
+            "--mtu",
+            "4096",
+        ],
+    );
+    let (code, out, _) = rocectl(a, &["qp", "show", &qa]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("RTS") && out.contains("4096") && out.contains("dcqcn"),
+        "{out}"
+    );
+
+    // WRITE: bytes written into A's region with rocectl arrive in B's.
+    let hex = "00112233445566778899aabbccddeeff";
+    rocectl_json(a, &["mr", "write", &ka, "--hex", hex]);
+    let (sa, sb) = (aa.to_string(), ab.to_string());
+    rocectl_json(
+        a,
+        &[
+            "post",
+            "write",
+            &qa,
+            "--lkey",
+            &ka,
+            "--addr",
+            &sa,
+            "--length",
+            "16",
+            "--rkey",
+            &kb,
+            "--remote-addr",
+            &sb,
+            "--wr-id",
+            "7",
+        ],
+    );
+    let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+    assert_eq!(c["send"][0]["status"], "success", "{c}");
+    assert_eq!(c["send"][0]["wr_id"], 7);
+    let r = rocectl_json(b, &["mr", "read", &kb, "--length", "16"]);
+    assert_eq!(r["hex"], hex);
+    let (_, out, _) = rocectl(b, &["mr", "read", &kb, "--length", "16"]);
+    assert!(out.contains("00 11 22 33"), "{out}");
+
+    // SEND into a receive B posted.
+    let sb16 = (ab + 1024).to_string();
+    rocectl_json(
+        b,
+        &[
+            "post", "recv", &qb, "--lkey", &kb, "--addr", &sb16, "--length", "64",
+        ],
+    );
+    rocectl_json(
+        a,
+        &[
+            "post", "send", &qa, "--lkey", &ka, "--addr", &sa, "--length", "16", "--imm", "0x55",
+        ],
+    );
+    let (code, out, _) = rocectl(b, &["cq", "poll", &qb, "--wait-ms", "5000"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("recv") && out.contains("success") && out.contains("85"),
+        "{out}"
+    );
+    rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+
+    // Fetch-and-add on B's first word (0x7766554433221100 after the WRITE), twice.
+    let word = (aa + 64).to_string();
+    for _ in 0..2 {
+        rocectl_json(
+            a,
+            &[
+                "post",
+                "fetch-add",
+                &qa,
+                "--lkey",
+                &ka,
+                "--addr",
+                &word,
+                "--length",
+                "8",
+                "--rkey",
+                &kb,
+                "--remote-addr",
+                &sb,
+                "--add",
+                "1",
+            ],
+        );
+        let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+        assert_eq!(c["send"][0]["status"], "success", "{c}");
+    }
+    let r = rocectl_json(b, &["mr", "read", &kb, "--length", "8"]);
+    assert_eq!(r["hex"], "02112233445566778899"[..16]);
+    let r = rocectl_json(a, &["mr", "read", &ka, "--addr", &word, "--length", "8"]);
+    assert_eq!(
+        r["hex"], "0111223344556677",
+        "the value before the second add"
+    );
+
+    // Wrong input gets its error and a non-zero exit, and changes nothing.
+    let (code, _, err) = rocectl(
+        a,
+        &[
+            "qp",
+            "connect",
+            "999999",
+            "--remote-qpn",
+            "1",
+            "--remote-gid",
+            "10.89.0.2",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("not_found"), "{err}");
+    let (code, _, err) = rocectl(
+        a,
+        &[
+            "qp",
+            "connect",
+            &qa,
+            "--remote-qpn",
+            &qb,
+            "--remote-gid",
+            "nowhere",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("bad_gid"), "{err}");
+    let (code, _, err) = rocectl(a, &["mr", "write", &ka, "--hex", "abc"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("even number"), "{err}");
+    let (code, _, err) = rocectl(
+        a,
+        &[
+            "post",
+            "write",
+            &qa,
+            "--lkey",
+            &ka,
+            "--addr",
+            &sa,
+            "--length",
+            "16",
+            "--rkey",
+            &kb,
+            "--remote-addr",
+            "1",
+        ],
+    );
+    assert_eq!(
+        code, 0,
+        "posting succeeds; the remote access error comes back as a completion: {err}"
+    );
+    let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+    assert_eq!(c["send"][0]["status"], "remote access error", "{c}");
+    let q = rocectl_json(a, &["qp", "show", &qa]);
+    assert_eq!(
+        q[0]["state"], "ERR",
+        "a remote access error moves the QP to ERR, as on an RNIC"
+    );
+
+    // Counters and congestion control.
+    let (code, out, _) = rocectl(a, &["stats"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("sent_pkts"), "{out}");
+    let (code, out, _) = rocectl(b, &["cc", "show", &qb]);
+    assert_eq!(code, 0);
+    assert!(out.contains("cc dcqcn") && out.contains("alpha"), "{out}");
+
+    // Teardown: gone, and said so.
+    rocectl_json(a, &["qp", "destroy", &qa]);
+    rocectl_json(b, &["qp", "destroy", &qb]);
+    rocectl_json(a, &["mr", "dereg", &ka]);
+    let (code, _, err) = rocectl(a, &["qp", "show", &qa]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not_found") && err.contains("404"), "{err}");
+    let (code, _, _) = rocectl(a, &["mr", "show", &ka]);
+    assert_eq!(code, 1);
+    n.stop();
+}

@@ -169,7 +169,8 @@ impl DpdkPort {
         }
         // SAFETY: valid port; MTU change before start.
         let rc = unsafe { sys::rte_eth_dev_set_mtu(id, setup.mtu) };
-        if rc < 0 && rc != -(libc::ENOTSUP) {
+        let mtu_unsupported = rc == -(libc::ENOTSUP);
+        if rc < 0 && !mtu_unsupported {
             return Err(Error::Port {
                 port: name,
                 op: "rte_eth_dev_set_mtu",
@@ -213,9 +214,13 @@ impl DpdkPort {
         // SAFETY: valid port and out pointer.
         let rc = unsafe { sys::rte_eth_macaddr_get(id, &mut mac) };
         check(rc, &name, "rte_eth_macaddr_get")?;
+        // A PMD that manages no MTU (memif: its buffers are sized to the configured MTU
+        // instead) carries what it is configured for; otherwise the port says what it took.
         let mut mtu = setup.mtu;
-        // SAFETY: valid port and out pointer.
-        unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) };
+        if !mtu_unsupported {
+            // SAFETY: valid port and out pointer.
+            unsafe { sys::rte_eth_dev_get_mtu(id, &mut mtu) };
+        }
         let info = PortInfo {
             id: setup.index,
             mac: MacAddr(mac.addr_bytes),
