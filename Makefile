@@ -20,6 +20,10 @@ lint: setup
 
 test: lint
 	$(CARGO) test --workspace -- --test-threads=2
+	@# make run's job, on the binaries the tests built: it checks every result it prints.
+	@ROCED=target/debug/roced ROCECTL=target/debug/rocectl bash scripts/demo.sh >target/demo.log 2>&1 \
+		|| { cat target/demo.log; echo "make test: the demo (scripts/demo.sh) failed"; exit 1; }
+	@echo "make test: the demo (scripts/demo.sh) passed; its output is in target/demo.log"
 
 bench: build
 	@bash bench/forwarding.sh
