@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ferroce needs on a fresh Debian 12 and prepares the machine (root):
 # DPDK 22.11 and its headers, libclang for bindgen, iproute2/ping for the integration tests,
-# tshark and scapy for the wire cross-checks, DejaVu fonts for the benchmark plots, Prometheus
+# tshark and scapy for the wire cross-checks, schemathesis for the API fuzzing, DejaVu fonts for the benchmark plots, Prometheus
 # and promtool for the /metrics tests (which start their own server on 127.0.0.1:7549; where
 # systemd runs, Debian also starts its packaged one on :9090, unused by ferroce), 2 MiB
 # hugepages reserved and hugetlbfs mounted
@@ -31,6 +31,11 @@ fi
 if ! python3 -c 'import scapy.contrib.roce' 2>/dev/null; then
   echo "setup: installing scapy"
   python3 -m pip install -q scapy 2>/dev/null || python3 -m pip install -q --break-system-packages scapy
+fi
+# schemathesis (fuzzes the REST API against its OpenAPI document in the tests).
+if ! command -v schemathesis >/dev/null; then
+  echo "setup: installing schemathesis"
+  python3 -m pip install -q schemathesis 2>/dev/null || python3 -m pip install -q --break-system-packages schemathesis
 fi
 
 total=$(awk '/^HugePages_Total:/ {print $2}' /proc/meminfo)

@@ -13,6 +13,7 @@ use crate::rdma::{
 use arrayvec::ArrayVec;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -100,6 +101,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi))
         .route("/v1/ports", get(ports))
         .route("/v1/ports/{port}/impair", get(impair_show).put(impair_set))
         .route("/v1/mrs", get(mr_list).post(mr_reg))
@@ -117,6 +119,16 @@ pub fn router(state: Arc<ApiState>) -> Router {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
         })
         .with_state(state)
+}
+
+/// A query string parsed, or the JSON error that says what is wrong with it.
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::bad("bad_query", e.body_text()))
+}
+
+async fn openapi() -> Reply {
+    ok(crate::openapi::document())
 }
 
 async fn health(State(s): State<Arc<ApiState>>) -> Reply {
@@ -190,10 +202,21 @@ async fn impair_set(State(s): State<Arc<ApiState>>, Path(p): Path<String>, b: By
     let congestion = match &b.congestion {
         None => None,
         Some(c) => {
-            if !(c.rate_gbps > 0.0 && c.rate_gbps.is_finite()) {
+            if !(c.rate_gbps > 0.0 && c.rate_gbps <= 1000.0) {
                 return Err(ApiError::bad(
                     "bad_body",
-                    "congestion.rate_gbps must be positive",
+                    "congestion.rate_gbps must be above 0 and at most 1000",
+                ));
+            }
+            const MAX_KB: u64 = 1 << 20;
+            if [Some(c.buffer_kb), c.kmin_kb, c.kmax_kb]
+                .into_iter()
+                .flatten()
+                .any(|kb| kb > MAX_KB)
+            {
+                return Err(ApiError::bad(
+                    "bad_body",
+                    format!("congestion buffer_kb, kmin_kb and kmax_kb are at most {MAX_KB}"),
                 ));
             }
             let red = match (c.kmin_kb, c.kmax_kb) {
@@ -218,8 +241,11 @@ async fn impair_set(State(s): State<Arc<ApiState>>, Path(p): Path<String>, b: By
         }
     };
     let delay = b.reorder_delay_us.unwrap_or(20.0);
-    if !(delay >= 0.0 && delay.is_finite()) {
-        return Err(ApiError::bad("bad_body", "reorder_delay_us must be >= 0"));
+    if !(0.0..=1e6).contains(&delay) {
+        return Err(ApiError::bad(
+            "bad_body",
+            "reorder_delay_us must be 0 to 1000000",
+        ));
     }
     let imp = Impairments {
         loss: b.loss,
@@ -318,8 +344,9 @@ struct DataQuery {
 async fn mr_read(
     State(s): State<Arc<ApiState>>,
     Path(k): Path<String>,
-    Query(q): Query<DataQuery>,
+    q: Result<Query<DataQuery>, QueryRejection>,
 ) -> Reply {
+    let q = query(q)?;
     let key = id32("key", &k)?;
     let info = s.rdma.show_mr(key)?;
     let addr = q.addr.unwrap_or(info.addr);
@@ -336,9 +363,10 @@ async fn mr_read(
 async fn mr_write(
     State(s): State<Arc<ApiState>>,
     Path(k): Path<String>,
-    Query(q): Query<DataQuery>,
+    q: Result<Query<DataQuery>, QueryRejection>,
     b: Bytes,
 ) -> Reply {
+    let q = query(q)?;
     let key = id32("key", &k)?;
     let info = s.rdma.show_mr(key)?;
     if q.length.is_some_and(|l| l != b.len() as u64) {
@@ -720,8 +748,15 @@ async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Byt
     let b: SendBody = body(&b)?;
     let wr = send_wr(&b)?;
     let count = b.count.unwrap_or(1000);
-    let depth = b.depth.unwrap_or(64).max(1);
-    let wait = Duration::from_millis(b.timeout_ms.unwrap_or(60_000));
+    let depth = b.depth.unwrap_or(64);
+    let wait_ms = b.timeout_ms.unwrap_or(60_000);
+    if !(1..=100_000_000).contains(&count) || !(1..=16384).contains(&depth) || wait_ms > 600_000 {
+        return Err(ApiError::bad(
+            "bad_wr",
+            "count is 1 to 100000000, depth 1 to 16384, timeout_ms at most 600000",
+        ));
+    }
+    let wait = Duration::from_millis(wait_ms);
     let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, wait)).await?;
     ok(json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns}))
 }
@@ -764,11 +799,19 @@ fn wc_json(c: &WorkCompletion) -> Value {
 async fn qp_poll(
     State(s): State<Arc<ApiState>>,
     Path(q): Path<String>,
-    Query(p): Query<PollQuery>,
+    p: Result<Query<PollQuery>, QueryRejection>,
 ) -> Reply {
+    let p = query(p)?;
     let qpn = id32("QPN", &q)?;
-    let max = p.max.unwrap_or(16).clamp(1, 4096);
-    let wait = Duration::from_millis(p.wait_ms.unwrap_or(0).min(30_000));
+    let max = p.max.unwrap_or(16);
+    let wait_ms = p.wait_ms.unwrap_or(0);
+    if !(1..=4096).contains(&max) || wait_ms > 30_000 {
+        return Err(ApiError::bad(
+            "bad_query",
+            "max is 1 to 4096 and wait_ms at most 30000",
+        ));
+    }
+    let wait = Duration::from_millis(wait_ms);
     let (sc, rc) = blocking(move || s.rdma.poll_cq(qpn, max, wait)).await?;
     ok(json!({"send": sc.iter().map(wc_json).collect::<Vec<_>>(),
               "recv": rc.iter().map(wc_json).collect::<Vec<_>>()}))

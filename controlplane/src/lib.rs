@@ -9,4 +9,5 @@ pub mod api;
 pub mod config;
 pub mod metrics;
 pub mod node;
+pub mod openapi;
 pub mod rdma;

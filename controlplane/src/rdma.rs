@@ -313,7 +313,12 @@ impl Rdma {
                 format!("length must be 1 to {MAX_MR_BYTES} bytes, not {length}"),
             ));
         }
-        let mem = (self.alloc)(length).map_err(|e| ApiError::internal("no_memory", e))?;
+        let mem = (self.alloc)(length).map_err(|e| {
+            ApiError::conflict(
+                "no_memory",
+                format!("the node's hugepage memory cannot hold {length} more bytes now: {e}"),
+            )
+        })?;
         let va = addr.unwrap_or(mem.addr());
         let mut mrs = self.mrs.lock().expect("mr table");
         let pd = mrs.pd;

@@ -236,6 +236,58 @@ fn a_thousand_qps_over_two_lcores_and_qps_come_and_go_under_traffic() {
 }
 
 #[test]
+fn ten_thousand_qps_created_and_connected_through_rest() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("tenk", 7560);
+    const QPS: usize = 10_000;
+    const CLIENTS: usize = 4;
+    let ra = reg(&n.api[0], 101 * 4096);
+    let rb = reg(&n.api[1], 101 * 4096);
+    // Four clients at once, as an orchestrator would: each creates a QP on both nodes and
+    // connects the two (four REST calls per pair).
+    let t0 = std::time::Instant::now();
+    let pairs: Vec<(u32, u32)> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                sc.spawn(|| {
+                    (0..QPS / CLIENTS)
+                        .map(|_| pair(&n, None, None, 1024, false))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{QPS} QP pairs created and connected through REST by {CLIENTS} clients in {secs:.2} s: \
+         {:.0} QPs per second per node ({:.0} REST calls per second in all)",
+        QPS as f64 / secs,
+        4.0 * QPS as f64 / secs
+    );
+    for api in &n.api {
+        let m = String::from_utf8(api.get_bytes("/metrics").1).unwrap();
+        let rts: f64 = ["0", "1"]
+            .iter()
+            .map(|l| series(&m, &format!(r#"ferroce_qps{{lcore="{l}",state="RTS"}}"#)).unwrap())
+            .sum();
+        assert_eq!(rts, QPS as f64, "every QP is in RTS");
+    }
+    // Every hundredth pair carries a verified WRITE.
+    let sample: Vec<(usize, u32, u32)> = pairs
+        .iter()
+        .step_by(100)
+        .enumerate()
+        .map(|(i, &(qa, qb))| (i, qa, qb))
+        .collect();
+    write_every_pair(&n, &sample, ra, rb);
+    n.stop();
+}
+
+#[test]
 fn transfers_complete_over_links_that_lose_reorder_and_duplicate() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let n = memif_nodes("lossy", 7520);
@@ -920,5 +972,58 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     assert!(err.contains("not_found") && err.contains("404"), "{err}");
     let (code, _, _) = rocectl(a, &["mr", "show", &ka]);
     assert_eq!(code, 1);
+    n.stop();
+}
+
+#[test]
+fn schemathesis_finds_no_server_error_and_no_response_off_the_schema() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("schema", 7570);
+    let doc = n.api[0].ok(n.api[0].get("/v1/openapi.json"));
+    assert_eq!(doc["openapi"], "3.0.3");
+    assert!(doc["paths"]["/v1/qps/{qpn}/connect"]["post"].is_object());
+    // Every check but the two that guess which requests the API should accept or refuse from
+    // the schema alone (it cannot say that remote-write needs local-write, for one).
+    let out = std::process::Command::new("schemathesis")
+        .args([
+            "run",
+            "http://127.0.0.1:7570/v1/openapi.json",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance,negative_data_rejection",
+            "--max-examples",
+            "10",
+            "--max-time",
+            "90",
+            "--request-timeout",
+            "40",
+            // Polls may wait up to 30 s for a completion, as documented.
+            "--max-response-time",
+            "35",
+            "--seed",
+            "7",
+            "--workers",
+            "1",
+        ])
+        .output()
+        .expect("schemathesis (PyPI; scripts/setup.sh installs it)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "{}",
+        text.lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(out.status.success(), "schemathesis found problems:\n{text}");
+    assert!(text.contains("passed"), "{text}");
+    // The node is still whole: it answers and stops cleanly.
+    assert_eq!(n.api[0].ok(n.api[0].get("/v1/health"))["status"], "ok");
     n.stop();
 }

@@ -1,0 +1,293 @@
+//! The OpenAPI 3.0 description of roced's REST API, served at `/v1/openapi.json`.
+//!
+//! Written out here rather than derived: the handlers parse raw bodies themselves (so that
+//! every mistake gets its own code and message), and the limits this document states are the
+//! ones they enforce (`tests/rdma_nodes.rs` runs schemathesis against it).
+
+use serde_json::{Value, json};
+
+fn error_responses(codes: &[u16]) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    for c in codes {
+        let what = match c {
+            400 => {
+                "the request is wrong (bad JSON, unknown field, value out of range); nothing changed"
+            }
+            404 => "no such object",
+            409 => "the object's state does not allow it now (or the node lacks the memory)",
+            503 => "an lcore did not answer",
+            _ => "error",
+        };
+        m.insert(
+            c.to_string(),
+            json!({"description": what,
+                   "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}),
+        );
+    }
+    m
+}
+
+fn json_ok(status: u16, what: &str, schema: Value, errors: &[u16]) -> Value {
+    let mut r = error_responses(errors);
+    r.insert(
+        status.to_string(),
+        json!({"description": what, "content": {"application/json": {"schema": schema}}}),
+    );
+    Value::Object(r)
+}
+
+fn body(mut schema: Value) -> Value {
+    optional_nullable(&mut schema);
+    json!({"required": true, "content": {"application/json": {"schema": schema}}})
+}
+
+/// The handlers take `null` for any optional field (as absent): say so in the schema.
+fn optional_nullable(schema: &mut Value) {
+    let required: Vec<String> = schema["required"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for (name, p) in props.iter_mut() {
+            if p.is_object() {
+                optional_nullable(p);
+                if !required.contains(name) && p.get("$ref").is_none() {
+                    p["nullable"] = json!(true);
+                }
+            }
+        }
+    }
+}
+
+fn path_param(name: &str, what: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": what,
+           "schema": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}})
+}
+
+fn query_param(name: &str, what: &str, max: u64) -> Value {
+    json!({"name": name, "in": "query", "required": false, "description": what,
+           "schema": {"type": "integer", "minimum": 0, "maximum": max}})
+}
+
+fn op(summary: &str, params: Vec<Value>, request: Option<Value>, responses: Value) -> Value {
+    let mut o = json!({"summary": summary, "responses": responses});
+    if !params.is_empty() {
+        o["parameters"] = Value::Array(params);
+    }
+    if let Some(b) = request {
+        o["requestBody"] = b;
+    }
+    o
+}
+
+fn r(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn impairments_nullable(mut v: Value) -> Value {
+    optional_nullable(&mut v);
+    v
+}
+
+/// The document.
+pub fn document() -> Value {
+    let qpn = || path_param("qpn", "the QP number");
+    let key = || path_param("key", "the region's key (lkey = rkey)");
+    let port = || path_param("port", "the port index");
+    let u64s = json!({"type": "integer", "minimum": 0, "maximum": 18446744073709551615u64});
+    let u32s = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64});
+    let access = json!({"type": "array", "items": {"type": "string",
+        "enum": ["local-write", "remote-write", "remote-read", "remote-atomic"]}});
+    let sge = json!({"type": "object", "additionalProperties": false,
+        "required": ["addr", "length", "lkey"],
+        "properties": {"addr": u64s, "length": u32s, "lkey": u32s}});
+    let send_props = json!({
+        "opcode": {"type": "string", "enum": ["send", "send-imm", "send-inv", "write", "write-imm",
+                                               "read", "cmp-swap", "fetch-add"]},
+        "wr_id": u64s, "sge": {"type": "array", "items": sge, "maxItems": 4},
+        "remote_addr": u64s, "rkey": u32s, "imm": u32s, "compare": u64s, "swap": u64s,
+        "add": u64s, "signaled": {"type": "boolean"}, "solicited": {"type": "boolean"},
+        "fence": {"type": "boolean"}});
+    let mut stream_props = send_props.clone();
+    stream_props["count"] = json!({"type": "integer", "minimum": 1, "maximum": 100000000});
+    stream_props["depth"] = json!({"type": "integer", "minimum": 1, "maximum": 16384});
+    stream_props["timeout_ms"] = json!({"type": "integer", "minimum": 0, "maximum": 600000});
+    let wc = json!({"type": "object", "properties": {
+        "wr_id": u64s, "status": {"type": "string"}, "opcode": {"type": "string"},
+        "byte_len": u32s, "imm_data": {"type": "integer", "nullable": true},
+        "invalidated_rkey": {"type": "integer", "nullable": true}, "qp_num": u32s}});
+    let dcqcn_knobs = json!({"type": "object", "description":
+        "DCQCN knobs by NVIDIA's names (rpg_time_reset, rpg_byte_reset, rpg_ai_rate, ...) over the profile's values",
+        "additionalProperties": {"type": "number"}});
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "roced",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "ferroce's node API: ports, memory regions, RC queue pairs, work requests, completions, impairments, counters. Errors are JSON {code, message}; a request is applied whole or not at all."
+        },
+        "paths": {
+            "/v1/health": {"get": op("Liveness and lcore count", vec![], None,
+                json_ok(200, "up", json!({"type": "object", "required": ["status"],
+                    "properties": {"status": {"type": "string"}, "lcores": {"type": "integer"}}}), &[]))},
+            "/v1/openapi.json": {"get": op("This document", vec![], None,
+                json_ok(200, "the OpenAPI document", json!({"type": "object"}), &[]))},
+            "/v1/ports": {"get": op("Ports: device, driver, MAC, MTU, link, counters", vec![], None,
+                json_ok(200, "every port", json!({"type": "array", "items": r("Port")}), &[]))},
+            "/v1/ports/{port}/impair": {
+                "get": op("A port's impairment settings and counters, per direction", vec![port()], None,
+                    json_ok(200, "settings and counters", json!({"type": "object"}), &[400, 404])),
+                "put": op("Set one direction's impairments (replaces that direction's settings)", vec![port()],
+                    Some(body(r("Impairments"))),
+                    json_ok(200, "the settings now in force", json!({"type": "object"}), &[400, 404, 503]))
+            },
+            "/v1/mrs": {
+                "get": op("Every memory region", vec![], None,
+                    json_ok(200, "regions", json!({"type": "array", "items": r("Mr")}), &[])),
+                "post": op("Register a region of zeroed hugepage memory", vec![],
+                    Some(body(json!({"type": "object", "additionalProperties": false, "required": ["length"],
+                        "properties": {"length": {"type": "integer", "minimum": 1, "maximum": 1073741824},
+                                       "access": access, "addr": u64s}}))),
+                    json_ok(201, "the region", r("Mr"), &[400, 409, 503]))
+            },
+            "/v1/mrs/{key}": {
+                "get": op("One region", vec![key()], None, json_ok(200, "the region", r("Mr"), &[400, 404])),
+                "delete": op("Deregister a region", vec![key()], None, {
+                    let mut m = error_responses(&[400, 404, 503]);
+                    m.insert("204".into(), json!({"description": "deregistered"}));
+                    Value::Object(m)
+                })
+            },
+            "/v1/mrs/{key}/data": {
+                "get": op("Bytes of a region", vec![key(),
+                        query_param("addr", "start address (default: the region's)", u64::MAX),
+                        query_param("length", "bytes (default: the whole region)", 1 << 30)], None, {
+                    let mut m = error_responses(&[400, 404]);
+                    m.insert("200".into(), json!({"description": "the bytes",
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}));
+                    Value::Object(m)
+                }),
+                "put": op("Write bytes into a region", vec![key(),
+                        query_param("addr", "start address (default: the region's)", u64::MAX),
+                        query_param("length", "must equal the body's size when given", 1 << 30)],
+                    Some(json!({"required": true, "content": {"application/octet-stream":
+                        {"schema": {"type": "string", "format": "binary"}}}})),
+                    json_ok(200, "written", json!({"type": "object", "properties":
+                        {"written": {"type": "integer"}, "addr": u64s}}), &[400, 404]))
+            },
+            "/v1/qps": {
+                "get": op("Every QP", vec![], None,
+                    json_ok(200, "QPs", json!({"type": "array", "items": r("Qp")}), &[503])),
+                "post": op("Create an RC QP (in RESET)", vec![],
+                    Some(body(json!({"type": "object", "additionalProperties": false, "properties": {
+                        "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+                        "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
+                        "cc": {"type": "string", "enum": ["dcqcn", "none"]},
+                        "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
+                        "dcqcn": dcqcn_knobs, "copy_tx": {"type": "boolean"}}}))),
+                    json_ok(201, "the QP", json!({"type": "object", "required": ["qpn", "lcore", "state"],
+                        "properties": {"qpn": u32s, "lcore": {"type": "integer"}, "type": {"type": "string"},
+                                       "state": {"type": "string"}}}), &[400, 409, 503]))
+            },
+            "/v1/qps/{qpn}": {
+                "get": op("A QP: `rdma resource show qp` fields, caps, congestion control, counters", vec![qpn()], None,
+                    json_ok(200, "the QP", r("Qp"), &[400, 404, 503])),
+                "delete": op("Destroy a QP", vec![qpn()], None, {
+                    let mut m = error_responses(&[400, 404, 503]);
+                    m.insert("204".into(), json!({"description": "destroyed"}));
+                    Value::Object(m)
+                })
+            },
+            "/v1/qps/{qpn}/connect": {"post": op("RESET -> INIT -> RTR -> RTS towards the peer", vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false,
+                    "required": ["remote_qpn", "remote_gid"], "properties": {
+                    "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
+                    "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "mtu": {"type": "integer", "enum": [256, 512, 1024, 2048, 4096]},
+                    "timeout": {"type": "integer", "minimum": 0, "maximum": 31},
+                    "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
+                    "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
+                    "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
+                    "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
+                    "access": access, "dscp": {"type": "integer", "minimum": 0, "maximum": 63}}}))),
+                json_ok(200, "the QP, in RTS", r("Qp"), &[400, 404, 409, 503]))},
+            "/v1/qps/{qpn}/send": {"post": op("Post a send work request", vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false, "required": ["opcode"],
+                    "properties": send_props}))),
+                json_ok(200, "posted", json!({"type": "object", "properties":
+                    {"posted": {"type": "boolean"}, "wr_id": u64s}}), &[400, 404, 409, 503]))},
+            "/v1/qps/{qpn}/recv": {"post": op("Post a receive work request", vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false, "properties":
+                    {"wr_id": u64s, "sge": {"type": "array", "items": sge, "maxItems": 4}}}))),
+                json_ok(200, "posted", json!({"type": "object", "properties":
+                    {"posted": {"type": "boolean"}, "wr_id": u64s}}), &[400, 404, 409, 503]))},
+            "/v1/qps/{qpn}/completions": {"get": op("Poll a QP's send and receive CQs", vec![qpn(),
+                    json!({"name": "max", "in": "query", "required": false,
+                           "description": "at most this many per CQ (default 16)",
+                           "schema": {"type": "integer", "minimum": 1, "maximum": 4096}}),
+                    query_param("wait_ms", "wait up to this long for the first (at most 30000)", 30000)], None,
+                json_ok(200, "completions", json!({"type": "object", "properties": {
+                    "send": {"type": "array", "items": wc}, "recv": {"type": "array", "items": wc}}}),
+                    &[400, 404, 503]))},
+            "/v1/qps/{qpn}/stream": {"post": op("The QP's lcore posts `count` copies of a send work request itself, `depth` outstanding",
+                vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false, "required": ["opcode"],
+                    "properties": stream_props}))),
+                json_ok(200, "done", json!({"type": "object", "properties": {"completed": u64s,
+                    "errors": u64s, "elapsed_ns": u64s}}), &[400, 404, 409, 503]))},
+            "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
+                json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
+                    "items": {"type": "object"}}}}), &[503]))},
+            "/metrics": {"get": op("Prometheus exposition", vec![], None, {
+                let mut m = error_responses(&[503]);
+                m.insert("200".into(), json!({"description": "text format 0.0.4",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}));
+                Value::Object(m)
+            })}
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["code", "message"], "properties": {
+                "code": {"type": "string"}, "message": {"type": "string"}}},
+            "Port": {"type": "object", "properties": {
+                "port": {"type": "integer"}, "device": {"type": "string"}, "driver": {"type": "string"},
+                "mac": {"type": "string"}, "mtu": {"type": "integer"}, "link_up": {"type": "boolean"},
+                "speed_mbps": {"type": "integer"}, "ipackets": u64s, "opackets": u64s, "ibytes": u64s,
+                "obytes": u64s, "imissed": u64s, "ierrors": u64s, "oerrors": u64s, "rx_nombuf": u64s,
+                "xstats": {"type": "object"}}},
+            "Mr": {"type": "object", "required": ["lkey", "rkey", "addr", "length"], "properties": {
+                "lkey": u32s, "rkey": u32s, "addr": u64s, "length": {"type": "integer"},
+                "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"}}},
+            "Qp": {"type": "object", "properties": {
+                "lqpn": u32s, "rqpn": u32s, "type": {"type": "string"}, "state": {"type": "string",
+                    "enum": ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"]},
+                "rq-psn": u32s, "sq-psn": u32s, "pdn": {"type": "integer"}, "lcore": {"type": "integer"},
+                "port": {"type": "integer"}, "path-mtu": {"type": "integer", "nullable": true},
+                "remote-gid": {"type": "string", "nullable": true}, "local-gid": {"type": "string", "nullable": true},
+                "udp-sport": {"type": "integer", "nullable": true}, "caps": {"type": "object"},
+                "cc": {"type": "object"}, "counters": {"type": "object"}}},
+            "Impairments": impairments_nullable(json!({"type": "object", "additionalProperties": false, "required": ["direction"], "properties": {
+                "direction": {"type": "string", "enum": ["rx", "tx"]},
+                "loss": {"type": "number", "minimum": 0, "maximum": 1},
+                "burst": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1},
+                          "minItems": 2, "maxItems": 2,
+                          "description": "Gilbert-Elliott: [p(good->bad), p(bad->good)]"},
+                "corrupt": {"type": "number", "minimum": 0, "maximum": 1},
+                "duplicate": {"type": "number", "minimum": 0, "maximum": 1},
+                "reorder": {"type": "number", "minimum": 0, "maximum": 1},
+                "reorder_delay_us": {"type": "number", "minimum": 0, "maximum": 1000000},
+                "congestion": {"type": "object", "additionalProperties": false,
+                    "required": ["rate_gbps", "buffer_kb"], "properties": {
+                    "rate_gbps": {"type": "number", "exclusiveMinimum": true, "minimum": 0, "maximum": 1000},
+                    "buffer_kb": {"type": "integer", "minimum": 0, "maximum": 1048576},
+                    "kmin_kb": {"type": "integer", "minimum": 0, "maximum": 1048576},
+                    "kmax_kb": {"type": "integer", "minimum": 0, "maximum": 1048576},
+                    "pmax": {"type": "number", "minimum": 0, "maximum": 1}}}}}))
+        }}
+    })
+}
