@@ -35,6 +35,9 @@ pub struct Cli {
     /// JSON instead of tables (the API's own objects).
     #[arg(long, global = true)]
     pub json: bool,
+    /// The node's API token ([api] token), sent as a bearer token; ROCECTL_TOKEN sets it too.
+    #[arg(long, global = true, env = "ROCECTL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -354,10 +357,19 @@ struct Fail(u8, String);
 struct Client {
     base: String,
     agent: ureq::Agent,
+    /// `Bearer <token>`, when a token is given.
+    auth: Option<String>,
 }
 
 impl Client {
-    fn new(addr: &str) -> Client {
+    fn with<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.auth {
+            Some(a) => r.header("authorization", a),
+            None => r,
+        }
+    }
+
+    fn new(addr: &str, token: Option<&str>) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
@@ -366,25 +378,24 @@ impl Client {
         Client {
             base: format!("http://{addr}"),
             agent,
+            auth: token.map(|t| format!("Bearer {t}")),
         }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Fail> {
         let url = format!("{}{path}", self.base);
         let r = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
+            ("GET", _) => self.with(self.agent.get(&url)).call(),
+            ("DELETE", _) => self.with(self.agent.delete(&url)).call(),
             ("PUT", Some(b)) => self
-                .agent
-                .put(&url)
+                .with(self.agent.put(&url))
                 .header("content-type", "application/json")
                 .send(b.to_string()),
             (_, Some(b)) => self
-                .agent
-                .post(&url)
+                .with(self.agent.post(&url))
                 .header("content-type", "application/json")
                 .send(b.to_string()),
-            (_, None) => self.agent.post(&url).send(""),
+            (_, None) => self.with(self.agent.post(&url)).send(""),
         };
         let mut r = r.map_err(|e| {
             Fail(
@@ -442,7 +453,7 @@ where
 }
 
 fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
-    let c = Client::new(&cli.api);
+    let c = Client::new(&cli.api, cli.token.as_deref());
     let io = |e: std::io::Error| Fail(2, e.to_string());
     let v = match &cli.cmd {
         Cmd::Decode { file, verify_icrc } => return decode(file, *verify_icrc, cli.json, out),
@@ -688,8 +699,7 @@ impl Client {
     fn read_bytes(&self, key: u32, addr: u64, len: u64) -> Result<Vec<u8>, Fail> {
         let url = format!("{}/v1/mrs/{key}/data?addr={addr}&length={len}", self.base);
         let mut r = self
-            .agent
-            .get(&url)
+            .with(self.agent.get(&url))
             .call()
             .map_err(|e| Fail(2, format!("cannot reach roced at {} ({e})", self.base)))?;
         let status = r.status().as_u16();
@@ -713,8 +723,7 @@ impl Client {
     fn write_bytes(&self, key: u32, addr: u64, data: &[u8]) -> Result<(), Fail> {
         let url = format!("{}/v1/mrs/{key}/data?addr={addr}", self.base);
         let mut r = self
-            .agent
-            .put(&url)
+            .with(self.agent.put(&url))
             .header("content-type", "application/octet-stream")
             .send(data)
             .map_err(|e| Fail(2, format!("cannot reach roced at {} ({e})", self.base)))?;

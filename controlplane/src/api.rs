@@ -45,6 +45,8 @@ pub struct ApiState {
     pub lcore_counters: Vec<Arc<dataplane::counters::LcoreCounters>>,
     /// Per port: the impairments last set, per direction.
     pub impair_cfg: Mutex<Vec<[Value; 2]>>,
+    /// The bearer token requests must carry, if one is set (`[api] token`).
+    pub token: Option<String>,
 }
 
 impl IntoResponse for ApiError {
@@ -118,7 +120,51 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authorize,
+        ))
         .with_state(state)
+}
+
+/// With a token set, every request but the liveness check must carry it as a bearer token.
+async fn authorize(
+    State(s): State<Arc<ApiState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = &s.token else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/v1/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in constant time: how much of a guess matched must not show in the timing.
+    let ok = given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        let mut r = ApiError {
+            status: 401,
+            code: "unauthorized",
+            message: "this node's API needs `Authorization: Bearer <token>` ([api] token)".into(),
+        }
+        .into_response();
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        r
+    }
 }
 
 /// A query string parsed, or the JSON error that says what is wrong with it.

@@ -127,12 +127,16 @@ impl Default for DataplaneSection {
 pub struct ApiSection {
     /// Address and port the REST API listens on ("off" for none). Loopback by default.
     pub listen: String,
+    /// A bearer token every request but `/v1/health` must carry (`Authorization: Bearer
+    /// TOKEN`); empty for none. Set one before listening beyond loopback.
+    pub token: String,
 }
 
 impl Default for ApiSection {
     fn default() -> Self {
         ApiSection {
             listen: "127.0.0.1:7470".into(),
+            token: String::new(),
         }
     }
 }
@@ -216,6 +220,8 @@ pub struct Plan {
     pub descriptors: u16,
     /// Where the REST API listens, if anywhere.
     pub api: Option<std::net::SocketAddr>,
+    /// The bearer token the API requires, if any.
+    pub api_token: Option<String>,
     /// Idle workers sleep this long (None: they spin).
     pub idle_sleep: Option<std::time::Duration>,
 }
@@ -528,6 +534,16 @@ impl Config {
             mbufs: dp.mbufs,
             descriptors: dp.descriptors,
             api,
+            api_token: match self.api.token.as_str() {
+                "" => None,
+                t if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                    return Err(field(
+                        "api.token",
+                        "a token is at least 16 characters, without spaces or control characters",
+                    ));
+                }
+                t => Some(t.to_string()),
+            },
             idle_sleep: match dp.idle_sleep_us {
                 0 => None,
                 us if us > 100_000 => {

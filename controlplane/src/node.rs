@@ -164,6 +164,7 @@ pub fn run(
             let api_macs = macs.clone();
             let api_mtus: Vec<u16> = ports.iter().map(|p| p.info().mtu).collect();
             let api_addr = plan.api;
+            let api_token = plan.api_token.clone();
             run_workers(
                 &ports,
                 queues,
@@ -192,6 +193,7 @@ pub fn run(
                         ports: std::sync::Mutex::new(Vec::new()),
                         impair,
                         lcore_counters: counters.to_vec(),
+                        token: api_token.clone(),
                         impair_cfg: std::sync::Mutex::new(vec![
                             [
                                 serde_json::Value::Null,
@@ -287,6 +289,13 @@ where
         match start_api(*addr, state.clone()) {
             Ok(s) => {
                 tracing::info!(%addr, "REST API listening (http://{addr}/v1/health)");
+                if !addr.ip().is_loopback() && state.token.is_none() {
+                    tracing::warn!(
+                        %addr,
+                        "the REST API listens beyond loopback without a token: anyone who \
+                         reaches {addr} can manage this node (set [api] token)"
+                    );
+                }
                 server = Some(s);
             }
             Err(e) => {

@@ -251,7 +251,10 @@ pub fn document() -> Value {
                 Value::Object(m)
             })}
         },
-        "components": {"schemas": {
+        "security": [{}, {"bearer": []}],
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+            "description": "required by every endpoint but /v1/health when the node sets [api] token"}},
+          "schemas": {
             "Error": {"type": "object", "required": ["code", "message"], "properties": {
                 "code": {"type": "string"}, "message": {"type": "string"}}},
             "Port": {"type": "object", "properties": {

@@ -1027,3 +1027,64 @@ fn schemathesis_finds_no_server_error_and_no_response_off_the_schema() {
     assert_eq!(n.api[0].ok(n.api[0].get("/v1/health"))["status"], "ok");
     n.stop();
 }
+
+#[test]
+fn a_token_guards_every_endpoint_but_health() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let dir = tmpdir("token");
+    let token = "s3cret-token-0123456789";
+    let cfg = format!(
+        "[eal]\nfile_prefix = \"ferroce-rtoken-{}\"\n[dataplane]\nlcores = [0]\nmbufs = 8191\nidle_sleep_us = 50\n\
+         [[ports]]\ndevice = \"net_memif0,role=server,socket={}\"\nmtu = 1500\naddresses = [\"10.87.0.1/24\"]\n\
+         [api]\nlisten = \"127.0.0.1:7580\"\ntoken = \"{token}\"\n",
+        std::process::id(),
+        dir.join("memif.sock").display()
+    );
+    let mut node = Roced::start(&dir, "t", &cfg, None, &[]);
+    assert!(
+        node.wait_log("REST API listening", Duration::from_secs(30)),
+        "{}",
+        node.log_text()
+    );
+    let api = Api::new("127.0.0.1:7580");
+    assert_eq!(api.get("/v1/health").0, 200, "liveness needs no token");
+    for path in ["/v1/ports", "/v1/mrs", "/metrics", "/v1/openapi.json"] {
+        let (s, b) = api.get_bytes(path);
+        assert_eq!(s, 401, "{path}");
+        assert!(
+            String::from_utf8_lossy(&b).contains("unauthorized"),
+            "{path}"
+        );
+    }
+    // Refused requests change nothing.
+    let (s, _) = api.post("/v1/mrs", json!({"length": 4096}));
+    assert_eq!(s, 401);
+    let (code, _, err) = rocectl(
+        "127.0.0.1:7580",
+        &["--token", "not-the-token-at-all", "mr", "show"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("unauthorized") && err.contains("401"), "{err}");
+    let (code, out, err) = rocectl(
+        "127.0.0.1:7580",
+        &["--token", token, "--json", "mr", "show"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "[]", "the refused registration made no region");
+    let (code, out, err) = rocectl("127.0.0.1:7580", &["--token", token, "port", "show"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("net_memif0"), "{out}");
+    let (rc, _, log) = node.terminate();
+    assert_eq!(rc, 0, "{log}");
+    // A token too short to be one is refused with the field named.
+    let bad = cfg.replace(token, "short");
+    std::fs::write(dir.join("bad.toml"), &bad).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_roced"))
+        .args(["--check", "--config"])
+        .arg(dir.join("bad.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("api.token"));
+}
