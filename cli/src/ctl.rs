@@ -315,11 +315,44 @@ pub enum CqVerb {
 
 #[derive(Debug, Subcommand)]
 pub enum CcVerb {
-    /// A QP's congestion control: kind, rate, and DCQCN's target rate and alpha.
+    /// A QP's congestion control: kind, rate, DCQCN's target rate and alpha, and its settings.
     Show {
         /// The QP.
         qpn: u32,
     },
+    /// Change a QP's congestion control while it runs.
+    ///
+    /// Example: rocectl cc set 2 --knob rpg_ai_rate=10 --knob rpg_time_reset=600
+    #[command(verbatim_doc_comment)]
+    Set {
+        /// The QP.
+        qpn: u32,
+        /// dcqcn or none (a different kind starts again at the line rate).
+        #[arg(long)]
+        cc: Option<String>,
+        /// Start from a profile (nvidia, paper, hpcc-ns3) instead of the QP's current settings.
+        #[arg(long)]
+        profile: Option<String>,
+        /// A DCQCN knob by NVIDIA's name, NAME=VALUE; repeat for several.
+        #[arg(long = "knob", value_parser = parse_knob)]
+        knobs: Vec<(String, Value)>,
+    },
+}
+
+/// `NAME=VALUE`, the value an integer where it is one (most knobs are) or else a number.
+fn parse_knob(s: &str) -> Result<(String, Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: a knob is NAME=VALUE"))?;
+    let v = v.trim();
+    let v = match v.parse::<u64>() {
+        Ok(i) => json!(i),
+        Err(_) => json!(
+            v.parse::<f64>()
+                .map_err(|_| format!("{s:?}: the value is not a number"))?
+        ),
+    };
+    Ok((k.trim().to_string(), v))
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -663,6 +696,30 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             v
         }
         Cmd::Cc {
+            verb:
+                CcVerb::Set {
+                    qpn,
+                    cc,
+                    profile,
+                    knobs,
+                },
+        } => {
+            let mut b = json!({});
+            if let Some(k) = cc {
+                b["cc"] = json!(k);
+            }
+            if let Some(p) = profile {
+                b["cc_profile"] = json!(p);
+            }
+            if !knobs.is_empty() {
+                let m: serde_json::Map<String, Value> =
+                    knobs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                b["dcqcn"] = Value::Object(m);
+            }
+            let q = c.call("PUT", &format!("/v1/qps/{qpn}/cc"), Some(b))?;
+            json!({"qpn": qpn, "cc": q["cc"]})
+        }
+        Cmd::Cc {
             verb: CcVerb::Show { qpn },
         } => {
             let q = c.call("GET", &format!("/v1/qps/{qpn}"), None)?;
@@ -681,6 +738,11 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                         .map_or("-".into(), |a| format!("{a:.4}"))
                 )
                 .map_err(io)?;
+                if let Some(k) = cc["dcqcn"].as_object() {
+                    for (name, x) in k {
+                        writeln!(out, "  {name:<32} {x}").map_err(io)?;
+                    }
+                }
                 return Ok(0);
             }
             v

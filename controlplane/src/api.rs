@@ -112,6 +112,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps", get(qp_list).post(qp_create))
         .route("/v1/qps/{qpn}", get(qp_show).delete(qp_destroy))
         .route("/v1/qps/{qpn}/connect", post(qp_connect))
+        .route("/v1/qps/{qpn}/cc", axum::routing::put(qp_set_cc))
         .route("/v1/qps/{qpn}/send", post(qp_send))
         .route("/v1/qps/{qpn}/recv", post(qp_recv))
         .route("/v1/qps/{qpn}/completions", get(qp_poll))
@@ -459,7 +460,11 @@ fn dcqcn_params(
     profile: &str,
     knobs: Option<&serde_json::Map<String, Value>>,
 ) -> Result<DcqcnParams, ApiError> {
-    let base = DcqcnParams::profile(profile).ok_or_else(|| {
+    with_knobs(profile_params(profile)?, knobs)
+}
+
+fn profile_params(profile: &str) -> Result<DcqcnParams, ApiError> {
+    DcqcnParams::profile(profile).ok_or_else(|| {
         ApiError::bad(
             "bad_cc",
             format!(
@@ -467,7 +472,14 @@ fn dcqcn_params(
                 DcqcnParams::PROFILES.join(", ")
             ),
         )
-    })?;
+    })
+}
+
+/// `base` with some knobs (NVIDIA's names) changed, checked whole.
+fn with_knobs(
+    base: DcqcnParams,
+    knobs: Option<&serde_json::Map<String, Value>>,
+) -> Result<DcqcnParams, ApiError> {
     let Some(knobs) = knobs else {
         return Ok(base);
     };
@@ -529,7 +541,8 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
                  "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge,
                  "copy_tx": q.caps.copy_tx},
         "cc": {"kind": q.cc_kind, "rate_bps": q.rate_bps,
-               "target_bps": q.dcqcn.map(|d| d.0), "alpha": q.dcqcn.map(|d| d.1)},
+               "target_bps": q.dcqcn.map(|d| d.0), "alpha": q.dcqcn.map(|d| d.1),
+               "dcqcn": q.cc_params},
         "counters": counters,
     })
 }
@@ -630,6 +643,38 @@ async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
     };
     blocking(move || {
         s.rdma.connect_qp(qpn, &r)?;
+        s.rdma.query_qp(qpn)
+    })
+    .await
+    .and_then(|(l, q)| ok(qp_json(l, &q, qpn)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CcBody {
+    #[serde(default)]
+    cc: Option<String>,
+    #[serde(default)]
+    cc_profile: Option<String>,
+    #[serde(default)]
+    dcqcn: Option<serde_json::Map<String, Value>>,
+}
+
+/// Changes a QP's congestion control at run time: its kind (a new kind starts at the line
+/// rate), a profile, and knobs over the QP's current settings (or the profile's).
+async fn qp_set_cc(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: CcBody = body(&b)?;
+    let kind: Option<CcKind> =
+        b.cc.as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: &str| ApiError::bad("bad_cc", e))?;
+    let profile = b.cc_profile.as_deref().map(profile_params).transpose()?;
+    blocking(move || {
+        let (_, now) = s.rdma.query_qp(qpn)?;
+        let params = with_knobs(profile.unwrap_or(now.cc_params), b.dcqcn.as_ref())?;
+        s.rdma.set_cc(qpn, kind, params)?;
         s.rdma.query_qp(qpn)
     })
     .await

@@ -188,7 +188,7 @@ pub fn document() -> Value {
                         "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
                         "cc": {"type": "string", "enum": ["dcqcn", "none"]},
                         "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
-                        "dcqcn": dcqcn_knobs, "copy_tx": {"type": "boolean"}}}))),
+                        "dcqcn": dcqcn_knobs.clone(), "copy_tx": {"type": "boolean"}}}))),
                     json_ok(201, "the QP", json!({"type": "object", "required": ["qpn", "lcore", "state"],
                         "properties": {"qpn": u32s, "lcore": {"type": "integer"}, "type": {"type": "string"},
                                        "state": {"type": "string"}}}), &[400, 409, 503]))
@@ -217,6 +217,12 @@ pub fn document() -> Value {
                     "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
                     "access": access, "dscp": {"type": "integer", "minimum": 0, "maximum": 63}}}))),
                 json_ok(200, "the QP, in RTS", r("Qp"), &[400, 404, 409, 503]))},
+            "/v1/qps/{qpn}/cc": {"put": op("Change a QP's congestion control while it runs", vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false, "properties": {
+                    "cc": {"type": "string", "enum": ["dcqcn", "none"]},
+                    "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
+                    "dcqcn": dcqcn_knobs}}))),
+                json_ok(200, "the QP", r("Qp"), &[400, 404, 503]))},
             "/v1/qps/{qpn}/send": {"post": op("Post a send work request", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false, "required": ["opcode"],
                     "properties": send_props}))),

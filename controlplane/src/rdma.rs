@@ -471,6 +471,23 @@ impl Rdma {
         self.qps.lock().expect("qp table").keys().copied().collect()
     }
 
+    /// Changes a QP's congestion control (see `RdmaCommand::SetCc`).
+    pub fn set_cc(
+        &self,
+        qpn: u32,
+        kind: Option<CcKind>,
+        params: DcqcnParams,
+    ) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, |reply| RdmaCommand::SetCc {
+            qpn,
+            kind,
+            params,
+            reply,
+        })?
+        .map_err(ApiError::not_found)
+    }
+
     /// A QP's attributes and counters.
     pub fn query_qp(&self, qpn: u32) -> Result<(usize, QpQuery), ApiError> {
         let l = self.lcore_of(qpn)?;

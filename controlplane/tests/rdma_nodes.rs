@@ -962,6 +962,50 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let (code, out, _) = rocectl(b, &["cc", "show", &qb]);
     assert_eq!(code, 0);
     assert!(out.contains("cc dcqcn") && out.contains("alpha"), "{out}");
+    assert!(
+        out.contains("rpg_ai_rate"),
+        "the settings are listed: {out}"
+    );
+    // Congestion control changed while the QP lives: knobs over its settings, a bad knob
+    // refused whole, then another kind.
+    let v = rocectl_json(
+        b,
+        &[
+            "cc",
+            "set",
+            &qb,
+            "--knob",
+            "rpg_ai_rate=10",
+            "--knob",
+            "rpg_time_reset=600",
+        ],
+    );
+    assert_eq!(v["cc"]["dcqcn"]["rpg_ai_rate"], 10, "{v}");
+    assert_eq!(v["cc"]["dcqcn"]["rpg_time_reset"], 600, "{v}");
+    let (code, _, err) = rocectl(
+        b,
+        &[
+            "cc",
+            "set",
+            &qb,
+            "--knob",
+            "rpg_ai_rate=20",
+            "--knob",
+            "no_such_knob=1",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("bad_cc") && err.contains("no_such_knob"),
+        "{err}"
+    );
+    let v = rocectl_json(b, &["cc", "show", &qb]);
+    assert_eq!(
+        v["cc"]["dcqcn"]["rpg_ai_rate"], 10,
+        "the refused change left nothing: {v}"
+    );
+    let v = rocectl_json(b, &["cc", "set", &qb, "--cc", "none"]);
+    assert_eq!(v["cc"]["kind"], "none", "{v}");
 
     // Teardown: gone, and said so.
     rocectl_json(a, &["qp", "destroy", &qa]);

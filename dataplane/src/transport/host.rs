@@ -111,6 +111,18 @@ pub enum RdmaCommand {
         /// The QPN.
         reply: Sender<Result<u32, CapsError>>,
     },
+    /// Changes a QP's congestion control: `kind` (a different kind starts a fresh controller
+    /// at the line rate) and the DCQCN settings (a DCQCN QP's rate and alpha carry on).
+    SetCc {
+        /// The QP.
+        qpn: u32,
+        /// The kind, if it changes.
+        kind: Option<CcKind>,
+        /// The DCQCN settings.
+        params: DcqcnParams,
+        /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
     /// Takes a QP to RTS, its packets leaving by `port`.
     Connect {
         /// The QP.
@@ -243,6 +255,8 @@ pub struct QpQuery {
     pub port: usize,
     /// Its caps.
     pub caps: QpCaps,
+    /// Its DCQCN settings (used when its congestion control is DCQCN).
+    pub cc_params: DcqcnParams,
     /// Its congestion control: "dcqcn" or "none".
     pub cc_kind: &'static str,
     /// The rate it may send at now, bits per second.
@@ -635,6 +649,26 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
                 let _ = reply.send(r);
             }
+            RdmaCommand::SetCc {
+                qpn,
+                kind,
+                params,
+                reply,
+            } => {
+                let line = self.line_bps;
+                let r = self.on_qp(qpn, true, |s| {
+                    let now_kind = match s.qp.cc() {
+                        crate::cc::Cc::None { .. } => CcKind::None,
+                        crate::cc::Cc::Dcqcn(_) => CcKind::Dcqcn,
+                    };
+                    match kind {
+                        Some(k) if k != now_kind => s.qp.set_congestion_control(k, line, params),
+                        _ => s.qp.set_cc_params(params),
+                    }
+                    Ok(())
+                });
+                let _ = reply.send(r);
+            }
             RdmaCommand::Query { qpn, reply } => {
                 let q = self.index(qpn).map(|i| {
                     let s = self.slots[i].as_ref().expect("index checked");
@@ -644,6 +678,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         counters: s.qp.counters,
                         port: s.port,
                         caps: s.qp.caps(),
+                        cc_params: *s.qp.cc_params(),
                         cc_kind: match cc {
                             crate::cc::Cc::None { .. } => "none",
                             crate::cc::Cc::Dcqcn(_) => "dcqcn",
