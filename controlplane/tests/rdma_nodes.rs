@@ -726,6 +726,31 @@ fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
     )
 }
 
+/// rocectl's arguments for a 16-byte WRITE on `qa` from `addr` (key `lkey`) to `remote` (`rkey`).
+fn write16<'a>(
+    qa: &'a str,
+    lkey: &'a str,
+    addr: &'a str,
+    rkey: &'a str,
+    remote: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "post",
+        "write",
+        qa,
+        "--lkey",
+        lkey,
+        "--addr",
+        addr,
+        "--length",
+        "16",
+        "--rkey",
+        rkey,
+        "--remote-addr",
+        remote,
+    ]
+}
+
 /// rocectl --json, which must succeed; its JSON.
 fn rocectl_json(api: &str, args: &[&str]) -> Value {
     let mut a = vec!["--json"];
@@ -809,26 +834,9 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let hex = "00112233445566778899aabbccddeeff";
     rocectl_json(a, &["mr", "write", &ka, "--hex", hex]);
     let (sa, sb) = (aa.to_string(), ab.to_string());
-    rocectl_json(
-        a,
-        &[
-            "post",
-            "write",
-            &qa,
-            "--lkey",
-            &ka,
-            "--addr",
-            &sa,
-            "--length",
-            "16",
-            "--rkey",
-            &kb,
-            "--remote-addr",
-            &sb,
-            "--wr-id",
-            "7",
-        ],
-    );
+    let mut w = write16(&qa, &ka, &sa, &kb, &sb);
+    w.extend(["--wr-id", "7"]);
+    rocectl_json(a, &w);
     let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
     assert_eq!(c["send"][0]["status"], "success", "{c}");
     assert_eq!(c["send"][0]["wr_id"], 7);
@@ -925,24 +933,7 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let (code, _, err) = rocectl(a, &["mr", "write", &ka, "--hex", "abc"]);
     assert_eq!(code, 2);
     assert!(err.contains("even number"), "{err}");
-    let (code, _, err) = rocectl(
-        a,
-        &[
-            "post",
-            "write",
-            &qa,
-            "--lkey",
-            &ka,
-            "--addr",
-            &sa,
-            "--length",
-            "16",
-            "--rkey",
-            &kb,
-            "--remote-addr",
-            "1",
-        ],
-    );
+    let (code, _, err) = rocectl(a, &write16(&qa, &ka, &sa, &kb, "1"));
     assert_eq!(
         code, 0,
         "posting succeeds; the remote access error comes back as a completion: {err}"

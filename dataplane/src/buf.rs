@@ -226,6 +226,34 @@ impl PacketBuf for Vec<u8> {
     }
 }
 
+/// Test buffers that wrap a [`HeapBuf`] (field 0) to change one behaviour: this writes the
+/// trait's other required methods as plain delegation, and the caller adds `append`.
+#[cfg(test)]
+macro_rules! delegate_heap_buf {
+    () => {
+        fn data(&self) -> &[u8] {
+            self.0.data()
+        }
+        fn data_mut(&mut self) -> &mut [u8] {
+            self.0.data_mut()
+        }
+        fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
+            self.0.prepend(len)
+        }
+        fn adj(&mut self, len: usize) -> bool {
+            self.0.adj(len)
+        }
+        fn trim(&mut self, len: usize) -> bool {
+            self.0.trim(len)
+        }
+        fn reset(&mut self) -> bool {
+            self.0.reset()
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use delegate_heap_buf;
+
 #[cfg(test)]
 mod tests {
     use super::*;

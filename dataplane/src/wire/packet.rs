@@ -632,26 +632,9 @@ mod tests {
     struct CopyAttach(HeapBuf);
 
     impl PacketBuf for CopyAttach {
-        fn data(&self) -> &[u8] {
-            self.0.data()
-        }
-        fn data_mut(&mut self) -> &mut [u8] {
-            self.0.data_mut()
-        }
-        fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
-            self.0.prepend(len)
-        }
-        fn adj(&mut self, len: usize) -> bool {
-            self.0.adj(len)
-        }
+        crate::buf::delegate_heap_buf!();
         fn append(&mut self, len: usize) -> Option<&mut [u8]> {
             self.0.append(len)
-        }
-        fn trim(&mut self, len: usize) -> bool {
-            self.0.trim(len)
-        }
-        fn reset(&mut self) -> bool {
-            self.0.reset()
         }
         fn attach_payload(
             &mut self,

@@ -1258,27 +1258,10 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     a3.qp.post_send(write_wr(&a3, &b, 1, 4096)).unwrap();
     struct Small(HeapBuf);
     impl PacketBuf for Small {
-        fn data(&self) -> &[u8] {
-            self.0.data()
-        }
-        fn data_mut(&mut self) -> &mut [u8] {
-            self.0.data_mut()
-        }
-        fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
-            self.0.prepend(len)
-        }
-        fn adj(&mut self, len: usize) -> bool {
-            self.0.adj(len)
-        }
+        crate::buf::delegate_heap_buf!();
         fn append(&mut self, len: usize) -> Option<&mut [u8]> {
             // A 2 KiB data room, like a small mbuf.
             (self.0.len() + len <= 2048).then(|| self.0.append(len))?
-        }
-        fn trim(&mut self, len: usize) -> bool {
-            self.0.trim(len)
-        }
-        fn reset(&mut self) -> bool {
-            self.0.reset()
         }
     }
     let mut small = Small(HeapBuf::new());
