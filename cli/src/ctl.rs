@@ -189,6 +189,33 @@ pub enum QpVerb {
         #[arg(long, value_delimiter = ',')]
         access: Option<Vec<String>>,
     },
+    /// One verbs transition: INIT, RTR (needs --remote-qpn and --remote-gid), RTS, SQD, ERR
+    /// or RESET, with the attributes that transition takes.
+    Modify {
+        /// The local QP.
+        qpn: u32,
+        /// The target state.
+        #[arg(long, value_parser = ["INIT", "RTR", "RTS", "SQD", "ERR", "RESET"])]
+        state: String,
+        /// RTR: the peer's QP number.
+        #[arg(long)]
+        remote_qpn: Option<u32>,
+        /// RTR: the peer's GID (IPv4 or IPv6 address).
+        #[arg(long)]
+        remote_gid: Option<String>,
+        /// RTR: the PSN the peer starts sending with.
+        #[arg(long)]
+        remote_psn: Option<u32>,
+        /// RTS: the PSN this QP starts sending with.
+        #[arg(long)]
+        local_psn: Option<u32>,
+        /// RTR: path MTU.
+        #[arg(long)]
+        mtu: Option<u32>,
+        /// INIT: remote access the peer gets, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        access: Option<Vec<String>>,
+    },
     /// One QP (with `rdma resource show qp`'s fields), or every QP.
     Show {
         /// The QP.
@@ -619,6 +646,35 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 }
                 c.call("POST", &format!("/v1/qps/{qpn}/connect"), Some(b))?;
                 c.call("GET", &format!("/v1/qps/{qpn}"), None)?
+            }
+            QpVerb::Modify {
+                qpn,
+                state,
+                remote_qpn,
+                remote_gid,
+                remote_psn,
+                local_psn,
+                mtu,
+                access,
+            } => {
+                let mut b = serde_json::Map::new();
+                let mut put = |k: &str, v: Value| {
+                    if !v.is_null() {
+                        b.insert(k.into(), v);
+                    }
+                };
+                put("state", json!(state));
+                put("remote_qpn", json!(remote_qpn));
+                put("remote_gid", json!(remote_gid));
+                put("remote_psn", json!(remote_psn));
+                put("local_psn", json!(local_psn));
+                put("mtu", json!(mtu));
+                put("access", json!(access));
+                c.call(
+                    "POST",
+                    &format!("/v1/qps/{qpn}/modify"),
+                    Some(Value::Object(b)),
+                )?
             }
             QpVerb::Show { qpn } => {
                 let list = match qpn {

@@ -22,7 +22,7 @@ use dataplane::cc::{CcKind, DcqcnParams};
 use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
-use dataplane::transport::qp::Mtu;
+use dataplane::transport::qp::{Mtu, QpState};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge};
 use serde::Deserialize;
@@ -112,6 +112,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps", get(qp_list).post(qp_create))
         .route("/v1/qps/{qpn}", get(qp_show).delete(qp_destroy))
         .route("/v1/qps/{qpn}/connect", post(qp_connect))
+        .route("/v1/qps/{qpn}/modify", post(qp_modify))
         .route("/v1/qps/{qpn}/cc", axum::routing::put(qp_set_cc))
         .route("/v1/qps/{qpn}/send", post(qp_send))
         .route("/v1/qps/{qpn}/recv", post(qp_recv))
@@ -580,15 +581,21 @@ fn default_access() -> Vec<String> {
         .to_vec()
 }
 
+/// A QP's attributes, for connect (RESET to RTS at once) and modify (one state at a time).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ConnectBody {
-    remote_qpn: u32,
-    remote_gid: String,
+struct QpAttrBody {
+    /// The target state: only for modify.
     #[serde(default)]
-    remote_psn: u32,
+    state: Option<String>,
     #[serde(default)]
-    local_psn: u32,
+    remote_qpn: Option<u32>,
+    #[serde(default)]
+    remote_gid: Option<String>,
+    #[serde(default)]
+    remote_psn: Option<u32>,
+    #[serde(default)]
+    local_psn: Option<u32>,
     #[serde(default)]
     mtu: Option<u32>,
     #[serde(default)]
@@ -601,15 +608,15 @@ struct ConnectBody {
     min_rnr_timer: Option<u8>,
     #[serde(default)]
     max_rd_atomic: Option<u8>,
-    #[serde(default = "default_access")]
-    access: Vec<String>,
+    #[serde(default)]
+    access: Option<Vec<String>>,
     #[serde(default)]
     dscp: Option<u8>,
 }
 
-async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
-    let qpn = id32("QPN", &q)?;
-    let b: ConnectBody = body(&b)?;
+/// The attributes checked, with the defaults `rdma_rxe`/perftest use where absent. The remote
+/// QPN and GID are required when `need_remote`.
+fn attr_request(b: &QpAttrBody, need_remote: bool) -> Result<ConnectRequest, ApiError> {
     let mtu_bytes = b.mtu.unwrap_or(1024);
     let mtu = Mtu::from_bytes(mtu_bytes).ok_or_else(|| {
         ApiError::bad(
@@ -627,22 +634,78 @@ async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
             None => Ok(def),
         }
     };
-    let r = ConnectRequest {
-        remote_qpn: b.remote_qpn,
-        remote_gid: parse_gid(&b.remote_gid)?,
-        remote_psn: b.remote_psn,
-        local_psn: b.local_psn,
+    let missing = |f: &str| ApiError::bad("bad_attr", format!("{f} is required here"));
+    let (remote_qpn, remote_gid) = match (b.remote_qpn, &b.remote_gid) {
+        (Some(q), Some(g)) => (q, parse_gid(g)?),
+        (None, _) if need_remote => return Err(missing("remote_qpn")),
+        (_, None) if need_remote => return Err(missing("remote_gid")),
+        (q, g) => (
+            q.unwrap_or(0),
+            match g {
+                Some(g) => parse_gid(g)?,
+                None => std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            },
+        ),
+    };
+    Ok(ConnectRequest {
+        remote_qpn,
+        remote_gid,
+        remote_psn: b.remote_psn.unwrap_or(0),
+        local_psn: b.local_psn.unwrap_or(0),
         mtu,
         timeout: check("timeout", b.timeout, 31, 14)?,
         retry_cnt: check("retry_cnt", b.retry_cnt, 7, 7)?,
         rnr_retry: check("rnr_retry", b.rnr_retry, 7, 7)?,
         min_rnr_timer: check("min_rnr_timer", b.min_rnr_timer, 31, 1)?,
         max_rd_atomic: check("max_rd_atomic", b.max_rd_atomic, 16, 16)?,
-        access: parse_access(&b.access)?,
+        access: parse_access(b.access.as_deref().unwrap_or(&default_access()))?,
         dscp: check("dscp", b.dscp, 63, 26)?,
-    };
+    })
+}
+
+async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: QpAttrBody = body(&b)?;
+    if b.state.is_some() {
+        return Err(ApiError::bad(
+            "bad_attr",
+            "connect goes to RTS; use /modify for one state at a time",
+        ));
+    }
+    let r = attr_request(&b, true)?;
     blocking(move || {
         s.rdma.connect_qp(qpn, &r)?;
+        s.rdma.query_qp(qpn)
+    })
+    .await
+    .and_then(|(l, q)| ok(qp_json(l, &q, qpn)))
+}
+
+/// One verbs transition: to INIT (access), RTR (remote QPN and GID, its first PSN, MTU,
+/// min_rnr_timer, max_rd_atomic as responder), RTS (our first PSN, timeout, retry_cnt,
+/// rnr_retry, max_rd_atomic), or SQD, ERR, RESET; attributes a transition does not take are
+/// refused by the QP's state machine as verbs refuses them.
+async fn qp_modify(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: QpAttrBody = body(&b)?;
+    let state = match b.state.as_deref() {
+        Some("INIT") => QpState::Init,
+        Some("RTR") => QpState::Rtr,
+        Some("RTS") => QpState::Rts,
+        Some("SQD") => QpState::Sqd,
+        Some("ERR") => QpState::Err,
+        Some("RESET") => QpState::Reset,
+        Some(x) => {
+            return Err(ApiError::bad(
+                "bad_attr",
+                format!("state {x:?}: use INIT, RTR, RTS, SQD, ERR or RESET"),
+            ));
+        }
+        None => return Err(ApiError::bad("bad_attr", "state is required")),
+    };
+    let r = attr_request(&b, state == QpState::Rtr)?;
+    blocking(move || {
+        s.rdma.modify_qp(qpn, state, &r)?;
         s.rdma.query_qp(qpn)
     })
     .await

@@ -202,6 +202,22 @@ pub fn document() -> Value {
                     Value::Object(m)
                 })
             },
+            "/v1/qps/{qpn}/modify": {"post": op("One verbs transition (INIT, RTR, RTS, SQD, ERR, RESET) with the attributes it takes; RTR needs remote_qpn and remote_gid", vec![qpn()],
+                Some(body(json!({"type": "object", "additionalProperties": false,
+                    "required": ["state"], "properties": {
+                    "state": {"type": "string", "enum": ["INIT", "RTR", "RTS", "SQD", "ERR", "RESET"]},
+                    "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
+                    "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "mtu": {"type": "integer", "enum": [256, 512, 1024, 2048, 4096]},
+                    "timeout": {"type": "integer", "minimum": 0, "maximum": 31},
+                    "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
+                    "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
+                    "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
+                    "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
+                    "access": access.clone(), "dscp": {"type": "integer", "minimum": 0, "maximum": 63}}}))),
+                json_ok(200, "the QP in its new state", r("Qp"), &[400, 404, 409, 503]))},
             "/v1/qps/{qpn}/connect": {"post": op("RESET -> INIT -> RTR -> RTS towards the peer", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false,
                     "required": ["remote_qpn", "remote_gid"], "properties": {

@@ -16,7 +16,7 @@ use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
 use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
-use dataplane::transport::qp::{Mtu, Path};
+use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
 use dataplane::transport::rc::{Connect, QpCaps};
 use dataplane::transport::wr::{RecvWr, SendWr};
 use std::collections::{BTreeMap, HashMap};
@@ -565,9 +565,9 @@ impl Rdma {
         self
     }
 
-    /// Takes a QP from RESET to RTS towards its peer.
-    pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
-        let l = self.lcore_of(qpn)?;
+    /// The path of QP `qpn` to its peer: checks the 24-bit numbers, resolves the GID to a
+    /// port and next hop, checks the path MTU fits the port, picks the UDP source port.
+    fn path_for(&self, qpn: u32, r: &ConnectRequest) -> Result<(Path, usize), ApiError> {
         if r.remote_qpn > 0xff_ffff || r.remote_psn > 0xff_ffff || r.local_psn > 0xff_ffff {
             return Err(ApiError::bad(
                 "bad_attr",
@@ -608,6 +608,13 @@ impl Rdma {
             ecn: 2,
             vlan,
         };
+        Ok((path, port))
+    }
+
+    /// Takes a QP from RESET to RTS towards its peer.
+    pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        let (path, port) = self.path_for(qpn, r)?;
         let c = Connect {
             access: r.access,
             sq_psn: r.local_psn,
@@ -623,6 +630,49 @@ impl Rdma {
         self.ask(l, |reply| RdmaCommand::Connect {
             qpn,
             c: Box::new(c),
+            port,
+            reply,
+        })?
+        .map_err(|e| ApiError::conflict("bad_state", e))
+    }
+
+    /// One verbs transition of QP `qpn` to `state`, with the attributes that transition takes
+    /// from `r` (INIT: access, P_Key index 0; RTR: path, remote QPN and PSN, MTU, min_rnr_timer,
+    /// max_dest_rd_atomic; RTS: our PSN, timeout, retry_cnt, rnr_retry, max_rd_atomic).
+    pub fn modify_qp(&self, qpn: u32, state: QpState, r: &ConnectRequest) -> Result<(), ApiError> {
+        let l = self.lcore_of(qpn)?;
+        let mut attr = QpAttr {
+            state: Some(state),
+            ..Default::default()
+        };
+        let mut port = 0;
+        match state {
+            QpState::Init => {
+                attr.access = Some(r.access);
+                attr.pkey_index = Some(0);
+            }
+            QpState::Rtr => {
+                let (path, p) = self.path_for(qpn, r)?;
+                port = p;
+                attr.path = Some(path);
+                attr.path_mtu = Some(r.mtu);
+                attr.dest_qp = Some(r.remote_qpn);
+                attr.rq_psn = Some(r.remote_psn);
+                attr.min_rnr_timer = Some(r.min_rnr_timer);
+                attr.max_dest_rd_atomic = Some(r.max_rd_atomic);
+            }
+            QpState::Rts => {
+                attr.sq_psn = Some(r.local_psn);
+                attr.timeout = Some(r.timeout);
+                attr.retry_cnt = Some(r.retry_cnt);
+                attr.rnr_retry = Some(r.rnr_retry);
+                attr.max_rd_atomic = Some(r.max_rd_atomic);
+            }
+            _ => {}
+        }
+        self.ask(l, |reply| RdmaCommand::Modify {
+            qpn,
+            attr: Box::new(attr),
             port,
             reply,
         })?

@@ -946,6 +946,106 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
         "a remote access error moves the QP to ERR, as on an RNIC"
     );
 
+    // A second pair moved one verbs state at a time carries data too; transitions verbs does
+    // not allow are refused and leave the QP where it was.
+    let qa2 = rocectl_json(a, &["qp", "create"])["qpn"].to_string();
+    let qb2 = rocectl_json(b, &["qp", "create"])["qpn"].to_string();
+    let (code, _, err) = rocectl(a, &["qp", "modify", &qa2, "--state", "RTS"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("bad_state"),
+        "RESET -> RTS is no transition: {err}"
+    );
+    let (code, _, err) = rocectl(
+        a,
+        &[
+            "qp",
+            "modify",
+            &qa2,
+            "--state",
+            "INIT",
+            "--access",
+            "remote-write",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = rocectl(a, &["qp", "modify", &qa2, "--state", "RTR"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("remote_qpn is required"), "{err}");
+    assert_eq!(rocectl_json(a, &["qp", "show", &qa2])[0]["state"], "INIT");
+    for (api, me, peer, gid) in [(a, &qa2, &qb2, "10.89.0.2"), (b, &qb2, &qa2, "10.89.0.1")] {
+        if api == b {
+            rocectl_json(
+                api,
+                &[
+                    "qp",
+                    "modify",
+                    me,
+                    "--state",
+                    "INIT",
+                    "--access",
+                    "remote-write",
+                ],
+            );
+        }
+        let q = rocectl_json(
+            api,
+            &[
+                "qp",
+                "modify",
+                me,
+                "--state",
+                "RTR",
+                "--remote-qpn",
+                peer,
+                "--remote-gid",
+                gid,
+                "--remote-psn",
+                "100",
+                "--mtu",
+                "2048",
+            ],
+        );
+        assert_eq!(
+            (q["state"].as_str(), q["rq-psn"].as_u64()),
+            (Some("RTR"), Some(100)),
+            "{q}"
+        );
+        let q = rocectl_json(
+            api,
+            &["qp", "modify", me, "--state", "RTS", "--local-psn", "100"],
+        );
+        assert_eq!(
+            (q["state"].as_str(), q["sq-psn"].as_u64()),
+            (Some("RTS"), Some(100)),
+            "{q}"
+        );
+    }
+    let ka2 = rocectl_json(a, &["mr", "reg", "--size", "4K"])["lkey"].to_string();
+    let kb2 = rocectl_json(
+        b,
+        &[
+            "mr",
+            "reg",
+            "--size",
+            "4K",
+            "--access",
+            "local-write,remote-write",
+        ],
+    );
+    let (kb2, ab2) = (kb2["lkey"].to_string(), kb2["addr"].to_string());
+    let aa2 = rocectl_json(a, &["mr", "show", &ka2])["addr"].to_string();
+    rocectl_json(a, &["mr", "write", &ka2, "--hex", "cafef00d"]);
+    let mut w = write16(&qa2, &ka2, &aa2, &kb2, &ab2);
+    w[8] = "4";
+    rocectl_json(a, &w);
+    let c = rocectl_json(a, &["cq", "poll", &qa2, "--wait-ms", "5000"]);
+    assert_eq!(c["send"][0]["status"], "success", "{c}");
+    assert_eq!(
+        rocectl_json(b, &["mr", "read", &kb2, "--length", "4"])["hex"],
+        "cafef00d"
+    );
+
     // Counters and congestion control.
     let (code, out, _) = rocectl(a, &["stats"]);
     assert_eq!(code, 0);
