@@ -652,7 +652,15 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
          - targets: ['127.0.0.1:7540', '127.0.0.1:7541']\n",
     )
     .unwrap();
-    let mut prom = std::process::Command::new("prometheus")
+    /// The Prometheus server, stopped however the test ends.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let prom = std::process::Command::new("prometheus")
         .arg(format!(
             "--config.file={}",
             dir.join("prometheus.yml").display()
@@ -666,6 +674,7 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
         .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
         .spawn()
         .expect("prometheus (Debian's prometheus package; scripts/setup.sh installs it)");
+    let prom = Server(prom);
     let q = Api::new("127.0.0.1:7549");
     let query = |expr: &str| -> Option<f64> {
         let enc: String = expr
@@ -700,8 +709,7 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
             break;
         }
     }
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
     let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
     assert_eq!(
         got,
