@@ -47,6 +47,7 @@ const FUNCTIONS: &[&str] = &[
     "rte_zmalloc",
     "rte_free",
     "rte_malloc_virt2iova",
+    "rte_mem_virt2iova",
     // ethdev
     "rte_eth_dev_count_avail",
     "rte_eth_dev_get_port_by_name",

@@ -45,7 +45,41 @@ pub(crate) enum Origin {
 pub(crate) struct ExtInfo {
     pub(crate) shinfo: dpdk_sys::rte_mbuf_ext_shared_info,
     pub(crate) base: *mut u8,
-    pub(crate) iova: u64,
+    /// The IO address of each 2 MiB-aligned chunk of virtual address space the block covers
+    /// (the first one holds the block's start), as if the chunk were whole; empty when the
+    /// memory has none. A device reads an attached segment at its IO address, which is the
+    /// virtual one with IOVA as VA but, with physical addresses, jumps wherever the hugepages
+    /// behind the block do not lie in order: segments that would straddle such a jump copy.
+    pub(crate) chunk_iova: Box<[u64]>,
+}
+
+/// The chunk size of [`ExtInfo::chunk_iova`]: hugepages are 2 MiB or 1 GiB, so IO addresses can
+/// only jump at 2 MiB boundaries.
+const IOVA_CHUNK: usize = 2 << 20;
+
+/// The IO address of each 2 MiB chunk of `base..base + len` (see [`ExtInfo::chunk_iova`]).
+///
+/// # Safety
+/// `base..base + len` must be live DPDK heap memory.
+unsafe fn chunk_iovas(base: *mut u8, len: usize) -> Box<[u64]> {
+    if len == 0 {
+        return Box::new([]);
+    }
+    let first = base as usize & !(IOVA_CHUNK - 1);
+    let chunks = (base as usize + len - 1 - first) / IOVA_CHUNK + 1;
+    let mut v = Vec::with_capacity(chunks);
+    for k in 0..chunks {
+        let start = first + k * IOVA_CHUNK;
+        let at = start.max(base as usize);
+        // SAFETY: `at` is inside the block; rte_mem_virt2iova looks any address of DPDK
+        // memory up in its memory segments.
+        let iova = unsafe { dpdk_sys::rte_mem_virt2iova(at as *const core::ffi::c_void) };
+        if iova == u64::MAX {
+            return Box::new([]);
+        }
+        v.push(iova - (at - start) as u64);
+    }
+    v.into_boxed_slice()
 }
 
 /// The block's own share of its shared info's reference count. Two, not one: DPDK's
@@ -158,8 +192,8 @@ impl SharedMem {
     /// `ptr` must come from `rte_zmalloc` with at least `len` bytes and [`ALIGN`] alignment,
     /// and nothing else may free it.
     pub(crate) unsafe fn from_rte(ptr: NonNull<u8>, len: usize) -> Self {
-        // SAFETY: the start of a live rte_zmalloc block.
-        let iova = unsafe { dpdk_sys::rte_malloc_virt2iova(ptr.as_ptr().cast()) };
+        // SAFETY: the live rte_zmalloc block.
+        let chunk_iova = unsafe { chunk_iovas(ptr.as_ptr(), len) };
         let info = Box::new(ExtInfo {
             shinfo: dpdk_sys::rte_mbuf_ext_shared_info {
                 free_cb: Some(ext_free),
@@ -167,7 +201,7 @@ impl SharedMem {
                 refcnt: BLOCK_REFS,
             },
             base: ptr.as_ptr(),
-            iova,
+            chunk_iova,
         });
         let info = NonNull::from(Box::leak(info));
         // SAFETY: our fresh box; the callback gets it back.
@@ -199,13 +233,20 @@ impl SharedMem {
         let i = unsafe { info.as_ref() };
         // SAFETY: an atomic read of the live shared info.
         let attached = unsafe { dpdk_sys::rte_mbuf_ext_refcnt_read(&i.shinfo) };
-        if i.iova == u64::MAX || attached > MAX_ATTACHED {
+        if i.chunk_iova.is_empty() || attached > MAX_ATTACHED || len == 0 {
             return None;
+        }
+        let first = self.block.ptr.as_ptr() as usize & !(IOVA_CHUNK - 1);
+        let a = self.block.ptr.as_ptr() as usize + off - first;
+        let (k0, k1) = (a / IOVA_CHUNK, (a + len - 1) / IOVA_CHUNK);
+        let t = &i.chunk_iova;
+        if (k0..k1).any(|k| t[k + 1] != t[k] + IOVA_CHUNK as u64) {
+            return None; // the bytes straddle a jump in IO addresses
         }
         // SAFETY: in bounds (checked).
         let p = unsafe { self.block.ptr.as_ptr().add(off) };
         let sh = NonNull::new(&raw const i.shinfo as *mut dpdk_sys::rte_mbuf_ext_shared_info)?;
-        Some((p, i.iova + off as u64, sh))
+        Some((p, t[k0] + (a % IOVA_CHUNK) as u64, sh))
     }
 
     /// Mbufs whose frames carry bytes of this memory attached now (0 for heap memory).
