@@ -614,18 +614,14 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 max_send_wr,
                 max_recv_wr,
             } => {
-                let mut b = serde_json::Map::new();
-                let mut put = |k: &str, v: Value| {
-                    if !v.is_null() {
-                        b.insert(k.into(), v);
-                    }
-                };
-                put("lcore", json!(lcore));
-                put("cc", json!(cc));
-                put("cc_profile", json!(cc_profile));
-                put("max_send_wr", json!(max_send_wr));
-                put("max_recv_wr", json!(max_recv_wr));
-                c.call("POST", "/v1/qps", Some(Value::Object(b)))?
+                let b = object(&[
+                    ("lcore", json!(lcore)),
+                    ("cc", json!(cc)),
+                    ("cc_profile", json!(cc_profile)),
+                    ("max_send_wr", json!(max_send_wr)),
+                    ("max_recv_wr", json!(max_recv_wr)),
+                ]);
+                c.call("POST", "/v1/qps", Some(b))?
             }
             QpVerb::Connect {
                 qpn,
@@ -657,24 +653,16 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 mtu,
                 access,
             } => {
-                let mut b = serde_json::Map::new();
-                let mut put = |k: &str, v: Value| {
-                    if !v.is_null() {
-                        b.insert(k.into(), v);
-                    }
-                };
-                put("state", json!(state));
-                put("remote_qpn", json!(remote_qpn));
-                put("remote_gid", json!(remote_gid));
-                put("remote_psn", json!(remote_psn));
-                put("local_psn", json!(local_psn));
-                put("mtu", json!(mtu));
-                put("access", json!(access));
-                c.call(
-                    "POST",
-                    &format!("/v1/qps/{qpn}/modify"),
-                    Some(Value::Object(b)),
-                )?
+                let b = object(&[
+                    ("state", json!(state)),
+                    ("remote_qpn", json!(remote_qpn)),
+                    ("remote_gid", json!(remote_gid)),
+                    ("remote_psn", json!(remote_psn)),
+                    ("local_psn", json!(local_psn)),
+                    ("mtu", json!(mtu)),
+                    ("access", json!(access)),
+                ]);
+                c.call("POST", &format!("/v1/qps/{qpn}/modify"), Some(b))?
             }
             QpVerb::Show { qpn } => {
                 let list = match qpn {
@@ -951,6 +939,17 @@ fn decode(
         ));
     }
     Ok(0)
+}
+
+/// A JSON object of the fields that are set (options left out rather than sent as null).
+fn object(fields: &[(&str, Value)]) -> Value {
+    Value::Object(
+        fields
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    )
 }
 
 fn s(v: &Value) -> String {
