@@ -632,14 +632,14 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 mtu,
                 access,
             } => {
-                let mut b = json!({"remote_qpn": remote_qpn, "remote_gid": remote_gid,
-                                   "remote_psn": remote_psn, "local_psn": local_psn});
-                if let Some(m) = mtu {
-                    b["mtu"] = json!(m);
-                }
-                if let Some(a) = access {
-                    b["access"] = json!(a);
-                }
+                let b = object(&[
+                    ("remote_qpn", json!(remote_qpn)),
+                    ("remote_gid", json!(remote_gid)),
+                    ("remote_psn", json!(remote_psn)),
+                    ("local_psn", json!(local_psn)),
+                    ("mtu", json!(mtu)),
+                    ("access", json!(access)),
+                ]);
                 c.call("POST", &format!("/v1/qps/{qpn}/connect"), Some(b))?;
                 c.call("GET", &format!("/v1/qps/{qpn}"), None)?
             }

@@ -112,6 +112,22 @@ pub fn document() -> Value {
         "remote_addr": u64s, "rkey": u32s, "imm": u32s, "compare": u64s, "swap": u64s,
         "add": u64s, "signaled": {"type": "boolean"}, "solicited": {"type": "boolean"},
         "fence": {"type": "boolean"}});
+    // The attributes connect and modify take (modify also names the target state).
+    let attr_props = json!({
+        "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+        "remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
+        "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+        "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+        "mtu": {"type": "integer", "enum": [256, 512, 1024, 2048, 4096]},
+        "timeout": {"type": "integer", "minimum": 0, "maximum": 31},
+        "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
+        "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
+        "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
+        "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
+        "access": access.clone(), "dscp": {"type": "integer", "minimum": 0, "maximum": 63}});
+    let mut modify_props = attr_props.clone();
+    modify_props["state"] =
+        json!({"type": "string", "enum": ["INIT", "RTR", "RTS", "SQD", "ERR", "RESET"]});
     let mut stream_props = send_props.clone();
     stream_props["count"] = json!({"type": "integer", "minimum": 1, "maximum": 100000000});
     stream_props["depth"] = json!({"type": "integer", "minimum": 1, "maximum": 16384});
@@ -204,41 +220,12 @@ pub fn document() -> Value {
             },
             "/v1/qps/{qpn}/modify": {"post": op("One verbs transition (INIT, RTR, RTS, SQD, ERR, RESET) with the attributes it takes; RTR needs remote_qpn and remote_gid", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false,
-                    "required": ["state"], "properties": {
-                    "state": {"type": "string", "enum": ["INIT", "RTR", "RTS", "SQD", "ERR", "RESET"]},
-                    "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
-                    "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "mtu": {"type": "integer", "enum": [256, 512, 1024, 2048, 4096]},
-                    "timeout": {"type": "integer", "minimum": 0, "maximum": 31},
-                    "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
-                    "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
-                    "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
-                    "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
-                    "access": access.clone(), "dscp": {"type": "integer", "minimum": 0, "maximum": 63}}}))),
+                    "required": ["state"], "properties": modify_props}))),
                 json_ok(200, "the QP in its new state", r("Qp"), &[400, 404, 409, 503]))},
             "/v1/qps/{qpn}/connect": {"post": op("RESET -> INIT -> RTR -> RTS towards the peer", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false,
-                    "required": ["remote_qpn", "remote_gid"], "properties": {
-                    "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
-                    "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
-                    "mtu": {"type": "integer", "enum": [256, 512, 1024, 2048, 4096]},
-                    "timeout": {"type": "integer", "minimum": 0, "maximum": 31},
-                    "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
-                    "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
-                    "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
-                    "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
-                    "access": access, "dscp": {"type": "integer", "minimum": 0, "maximum": 63}}}))),
+                    "required": ["remote_qpn", "remote_gid"], "properties": attr_props}))),
                 json_ok(200, "the QP, in RTS", r("Qp"), &[400, 404, 409, 503]))},
-            "/v1/qps/{qpn}/cc": {"put": op("Change a QP's congestion control while it runs", vec![qpn()],
-                Some(body(json!({"type": "object", "additionalProperties": false, "properties": {
-                    "cc": {"type": "string", "enum": ["dcqcn", "none"]},
-                    "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
-                    "dcqcn": dcqcn_knobs}}))),
-                json_ok(200, "the QP", r("Qp"), &[400, 404, 503]))},
             "/v1/qps/{qpn}/send": {"post": op("Post a send work request", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false, "required": ["opcode"],
                     "properties": send_props}))),
