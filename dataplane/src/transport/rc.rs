@@ -741,9 +741,11 @@ impl RcQp {
     }
 
     /// Builds a frame whose `len` payload bytes, at `offset` of the message `sg` describes,
-    /// go out attached from their region instead of copied ([`build_attached`]). `None` when
-    /// that cannot be done (the bytes span SG entries, the region is not hugepage memory, an
-    /// IPv6 path, ...): the caller copies, which also reports any key or bounds error.
+    /// go out attached from their region instead of copied ([`build_attached`]), where this
+    /// QP attaches (its port transmits chains, `copy_tx` is off) and `len` is at least
+    /// [`ATTACH_MIN`]. False when it did not (those, the bytes spanning SG entries, a region
+    /// that is not hugepage memory, an IPv6 path, ...): the caller copies, which also reports
+    /// any key or bounds error.
     #[allow(clippy::too_many_arguments)]
     fn emit_attached<B: PacketBuf>(
         &self,
@@ -754,14 +756,22 @@ impl RcQp {
         sg: &[Sge],
         offset: u64,
         len: usize,
-    ) -> Option<Result<(), MrError>> {
-        let (lkey, va) = locate(sg, offset, len as u64)?;
-        let (mem, off) = mrs.get(lkey).ok()?.shared_range(va, len as u64)?;
-        let r = self.repr(bth, ext)?;
-        match build_attached(out, &r, mem, off, len, self.tx_offload) {
-            Ok(true) => Some(Ok(())),
-            _ => None,
+    ) -> bool {
+        if !self.tx_attach || self.caps.copy_tx || len < ATTACH_MIN {
+            return false;
         }
+        let Some((lkey, va)) = locate(sg, offset, len as u64) else {
+            return false;
+        };
+        let Some((mem, off)) = mrs
+            .get(lkey)
+            .ok()
+            .and_then(|m| m.shared_range(va, len as u64))
+        else {
+            return false;
+        };
+        self.repr(bth, ext)
+            .is_some_and(|r| build_attached(out, &r, mem, off, len, self.tx_offload) == Ok(true))
     }
 
     /// Builds a frame with no payload (ACK, atomic ACK, CNP); false if it could not be built.
@@ -859,24 +869,19 @@ impl RcQp {
         } else {
             pk.len as usize
         };
-        let attach = self.tx_attach && !self.caps.copy_tx;
-        let attached = if attach && inline.is_none() && payload >= ATTACH_MIN {
-            self.emit_attached(out, b, ext, mrs, sg, pk.offset as u64, payload)
+        let attached =
+            inline.is_none() && self.emit_attached(out, b, ext, mrs, sg, pk.offset as u64, payload);
+        let built = if attached {
+            self.counters.tx_attached_pkts += 1;
+            Some(Ok(()))
         } else {
-            None
-        };
-        let built = match attached {
-            Some(done) => {
-                self.counters.tx_attached_pkts += 1;
-                Some(done)
-            }
-            None => self.emit(out, b, ext, payload, |dst| match inline {
+            self.emit(out, b, ext, payload, |dst| match inline {
                 Some(d) => {
                     dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
                     Ok(())
                 }
                 None => gather(mrs, sg, pk.offset as u64, dst),
-            }),
+            })
         };
         match built {
             Some(Ok(())) => {}
@@ -977,23 +982,18 @@ impl RcQp {
                 };
                 let b = self.bth(opcode, psn.add(next), false, false);
                 let at = va + off as u64;
-                let attached = (self.tx_attach && !self.caps.copy_tx && n >= ATTACH_MIN)
-                    .then(|| {
-                        let sg = [Sge {
-                            addr: at,
-                            length: n as u32,
-                            lkey: rkey,
-                        }];
-                        self.emit_attached(out, b, ext, mrs, &sg, 0, n)
-                    })
-                    .flatten();
-                self.counters.tx_attached_pkts += attached.is_some() as u64;
-                let ok = matches!(
-                    attached.or_else(
-                        || self.emit(out, b, ext, n, |dst| { mrs.get(rkey)?.read(at, dst) })
-                    ),
-                    Some(Ok(()))
-                );
+                let sg = [Sge {
+                    addr: at,
+                    length: n as u32,
+                    lkey: rkey,
+                }];
+                let attached = self.emit_attached(out, b, ext, mrs, &sg, 0, n);
+                self.counters.tx_attached_pkts += attached as u64;
+                let ok = attached
+                    || matches!(
+                        self.emit(out, b, ext, n, |dst| mrs.get(rkey)?.read(at, dst)),
+                        Some(Ok(()))
+                    );
                 if !last {
                     self.responses.push_front(Response::Read {
                         psn,
