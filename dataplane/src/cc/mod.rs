@@ -22,6 +22,16 @@ pub enum CcKind {
     Dcqcn,
 }
 
+impl CcKind {
+    /// Its name in configurations and the API (what `FromStr` reads).
+    pub fn name(self) -> &'static str {
+        match self {
+            CcKind::None => "none",
+            CcKind::Dcqcn => "dcqcn",
+        }
+    }
+}
+
 impl core::str::FromStr for CcKind {
     type Err = &'static str;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -48,6 +58,14 @@ pub enum Cc {
 }
 
 impl Cc {
+    /// Which algorithm this is.
+    pub fn kind(&self) -> CcKind {
+        match self {
+            Cc::None { .. } => CcKind::None,
+            Cc::Dcqcn(_) => CcKind::Dcqcn,
+        }
+    }
+
     /// A controller of `kind` for a QP on a port of `line_bps`.
     pub fn new(kind: CcKind, line_bps: f64) -> Self {
         match kind {

@@ -657,12 +657,10 @@ impl<B: PacketBuf> RdmaHost<B> {
             } => {
                 let line = self.line_bps;
                 let r = self.on_qp(qpn, true, |s| {
-                    let now_kind = match s.qp.cc() {
-                        crate::cc::Cc::None { .. } => CcKind::None,
-                        crate::cc::Cc::Dcqcn(_) => CcKind::Dcqcn,
-                    };
                     match kind {
-                        Some(k) if k != now_kind => s.qp.set_congestion_control(k, line, params),
+                        Some(k) if k != s.qp.cc().kind() => {
+                            s.qp.set_congestion_control(k, line, params)
+                        }
                         _ => s.qp.set_cc_params(params),
                     }
                     Ok(())
@@ -679,10 +677,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         port: s.port,
                         caps: s.qp.caps(),
                         cc_params: *s.qp.cc_params(),
-                        cc_kind: match cc {
-                            crate::cc::Cc::None { .. } => "none",
-                            crate::cc::Cc::Dcqcn(_) => "dcqcn",
-                        },
+                        cc_kind: cc.kind().name(),
                         rate_bps: cc.rate(),
                         dcqcn: match cc {
                             crate::cc::Cc::Dcqcn(d) => {
