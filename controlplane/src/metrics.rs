@@ -230,20 +230,18 @@ fn lcores(f: &Families, st: &ApiState) -> Result<(), String> {
 }
 
 fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
-    let names = HostCounters::default().qp.named().map(|(n, _)| n);
-    for name in names {
-        let c = f.counter(
+    let mut families = Vec::new();
+    for (name, _) in HostCounters::default().qp.named() {
+        families.push(f.counter(
             &format!("ferroce_{name}_total"),
             rdma_help(name),
             &["lcore"],
-        )?;
-        for (i, h) in hosts.iter().enumerate() {
-            let v =
-                h.qp.named()
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map_or(0, |x| x.1);
-            c.with_label_values(&[i.to_string().as_str()]).inc_by(v);
+        )?);
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        let l = i.to_string();
+        for (c, (_, v)) in families.iter().zip(h.qp.named()) {
+            c.with_label_values(&[l.as_str()]).inc_by(v);
         }
     }
     let handoffs = f.counter(
