@@ -62,7 +62,7 @@ echo "-- node B:"; b qp show
 pattern=$(python3 -c 'print("".join("%02x" % ((i * 7 + 3) % 256) for i in range(4096)))')
 a mr write "$ka" --hex "$pattern" >/dev/null
 wait_ok() { # wait_ok NODE QPN: the next send completion must be a success
-  local c; c=$("$CTL" --api "$1" --json cq poll "$2" --max 1 --wait-ms 5000)
+  local c; c=$("$CTL" --api "$1" --json cq poll --qp "$2" --max 1 --wait-ms 5000)
   python3 -c 'import json,sys; c=json.loads(sys.argv[1]); s=c["send"] or c["recv"]; sys.exit(0 if s and s[0]["status"]=="success" else 1)' "$c" \
     || { echo "   completion failed: $c"; exit 1; }
 }
@@ -84,7 +84,7 @@ echo "== SEND with immediate, A to B, into a receive B posted"
 b post recv "$qb4" --lkey "$kb" --addr $((ab + 16384)) --length 4096 >/dev/null
 a post send "$qa4" --lkey "$ka" --addr "$aa" --length 1000 --imm 0x2a >/dev/null
 wait_ok "$A" "$qa4"
-b cq poll "$qb4" --wait-ms 5000
+b cq poll --qp "$qb4" --wait-ms 5000
 check "SEND payload in B's receive buffer" "$(b --json mr read "$kb" --addr $((ab + 16384)) --length 1000 | field hex)" "${pattern:0:2000}"
 
 echo

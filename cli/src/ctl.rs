@@ -15,11 +15,13 @@ use std::time::Duration;
 ///
 /// Examples:
 ///   rocectl port show
+///   rocectl pd create
 ///   rocectl mr reg --size 1M --access local-write,remote-write,remote-read
-///   rocectl qp create --lcore 0
+///   rocectl cq create --cqe 256
+///   rocectl qp create --cq 1 --pd 1
 ///   rocectl qp connect 1 --remote-qpn 1048577 --remote-gid 10.77.0.2 --mtu 4096
 ///   rocectl post write 1 --lkey 1 --addr 0x7f.. --length 4096 --rkey 1 --remote-addr 0x7f..
-///   rocectl cq poll 1 --wait-ms 1000
+///   rocectl cq poll 1 --wait-ms 1000       (a created CQ; `--qp N` for a QP's own CQs)
 ///   rocectl --api 127.0.0.1:7471 qp show
 #[derive(Debug, Parser)]
 #[command(name = "rocectl", version, about, verbatim_doc_comment)]
@@ -50,6 +52,11 @@ pub enum Cmd {
         #[command(subcommand)]
         verb: PortVerb,
     },
+    /// Protection domains: regions and QPs of one PD only work together (PD 0 is the default).
+    Pd {
+        #[command(subcommand)]
+        verb: PdVerb,
+    },
     /// Memory regions: register hugepage memory for RDMA, inspect it, deregister it.
     Mr {
         #[command(subcommand)]
@@ -65,7 +72,8 @@ pub enum Cmd {
         #[command(subcommand)]
         verb: PostVerb,
     },
-    /// Completion queues: each QP has a send and a receive CQ; poll them.
+    /// Completion queues: create one for several QPs (they are placed on its lcore), poll it;
+    /// a QP created without CQs has its own, polled with `cq poll --qp QPN`.
     Cq {
         #[command(subcommand)]
         verb: CqVerb,
@@ -97,8 +105,27 @@ pub enum Cmd {
 
 #[derive(Debug, Subcommand)]
 pub enum PortVerb {
-    /// Every port.
-    Show,
+    /// Every port, or one.
+    Show {
+        /// The port's index.
+        port: Option<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PdVerb {
+    /// Allocate a protection domain.
+    Create,
+    /// One PD, or every PD, with how many regions and QPs are in it.
+    Show {
+        /// Its number.
+        pdn: Option<u32>,
+    },
+    /// Free a PD (refused while regions or QPs are in it).
+    Destroy {
+        /// Its number.
+        pdn: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,6 +138,9 @@ pub enum MrVerb {
         /// Access rights, comma-separated: local-write, remote-write, remote-read, remote-atomic.
         #[arg(long, value_delimiter = ',', default_value = "local-write")]
         access: Vec<String>,
+        /// Protection domain (default: PD 0).
+        #[arg(long)]
+        pd: Option<u32>,
     },
     /// One region, or every region.
     Show {
@@ -150,9 +180,21 @@ pub enum MrVerb {
 pub enum QpVerb {
     /// Create an RC QP (in RESET) on the least-loaded lcore or the one given.
     Create {
-        /// The lcore (worker index) to own it.
+        /// The lcore (worker index) to own it (with CQs: theirs).
         #[arg(long)]
         lcore: Option<usize>,
+        /// Protection domain (default: PD 0).
+        #[arg(long)]
+        pd: Option<u32>,
+        /// The created CQ for both its send and receive completions.
+        #[arg(long, conflicts_with_all = ["send_cq", "recv_cq"])]
+        cq: Option<u32>,
+        /// The created CQ for its send completions (default: one of its own).
+        #[arg(long)]
+        send_cq: Option<u32>,
+        /// The created CQ for its receive completions (default: one of its own).
+        #[arg(long)]
+        recv_cq: Option<u32>,
         /// Congestion control: dcqcn or none.
         #[arg(long)]
         cc: Option<String>,
@@ -327,10 +369,33 @@ pub enum PostVerb {
 
 #[derive(Debug, Subcommand)]
 pub enum CqVerb {
-    /// Take completions of a QP's send and receive CQs.
+    /// Create a CQ for `--cqe` completions (it overflows into an error state beyond that).
+    Create {
+        /// Capacity (1 to 65536).
+        #[arg(long)]
+        cqe: u64,
+        /// The lcore it lives on (default: the least loaded).
+        #[arg(long)]
+        lcore: Option<usize>,
+    },
+    /// One created CQ, or every one: capacity, completions waiting, users, overflow.
+    Show {
+        /// Its number.
+        cqn: Option<u32>,
+    },
+    /// Destroy a CQ (refused while a QP uses it).
+    Destroy {
+        /// Its number.
+        cqn: u32,
+    },
+    /// Take completions of a created CQ, or of a QP's own send and receive CQs.
     Poll {
-        /// The QP.
-        qpn: u32,
+        /// The CQ.
+        #[arg(required_unless_present = "qp", conflicts_with = "qp")]
+        cqn: Option<u32>,
+        /// A QP created without CQs: poll its own.
+        #[arg(long)]
+        qp: Option<u32>,
         /// At most this many.
         #[arg(long, default_value_t = 16)]
         max: usize,
@@ -523,9 +588,12 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             return Ok(0);
         }
         Cmd::Port {
-            verb: PortVerb::Show,
+            verb: PortVerb::Show { port },
         } => {
-            let v = c.call("GET", "/v1/ports", None)?;
+            let v = match port {
+                Some(p) => Value::Array(vec![c.call("GET", &format!("/v1/ports/{p}"), None)?]),
+                None => c.call("GET", "/v1/ports", None)?,
+            };
             if !cli.json {
                 table(
                     out,
@@ -550,12 +618,36 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             }
             v
         }
+        Cmd::Pd { verb } => {
+            let v = match verb {
+                PdVerb::Create => c.call("POST", "/v1/pds", Some(json!({})))?,
+                PdVerb::Show { pdn: Some(p) } => c.call("GET", &format!("/v1/pds/{p}"), None)?,
+                PdVerb::Show { pdn: None } => c.call("GET", "/v1/pds", None)?,
+                PdVerb::Destroy { pdn } => c.call("DELETE", &format!("/v1/pds/{pdn}"), None)?,
+            };
+            if !cli.json && !v.is_null() {
+                let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
+                table(
+                    out,
+                    &["pdn", "mrs", "qps"],
+                    list.iter()
+                        .map(|p| vec![s(&p["pdn"]), s(&p["mrs"]), s(&p["qps"])]),
+                )
+                .map_err(io)?;
+                return Ok(0);
+            }
+            v
+        }
         Cmd::Mr { verb } => match verb {
-            MrVerb::Reg { size, access } => {
+            MrVerb::Reg { size, access, pd } => {
                 let v = c.call(
                     "POST",
                     "/v1/mrs",
-                    Some(json!({"length": size, "access": access})),
+                    Some(object(&[
+                        ("length", json!(size)),
+                        ("access", json!(access)),
+                        ("pd", json!(pd)),
+                    ])),
                 )?;
                 if !cli.json {
                     mr_table(out, std::slice::from_ref(&v)).map_err(io)?;
@@ -609,6 +701,10 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         Cmd::Qp { verb } => match verb {
             QpVerb::Create {
                 lcore,
+                pd,
+                cq,
+                send_cq,
+                recv_cq,
                 cc,
                 cc_profile,
                 max_send_wr,
@@ -616,6 +712,9 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             } => {
                 let b = object(&[
                     ("lcore", json!(lcore)),
+                    ("pd", json!(pd)),
+                    ("send_cq", json!(cq.or(*send_cq))),
+                    ("recv_cq", json!(cq.or(*recv_cq))),
                     ("cc", json!(cc)),
                     ("cc_profile", json!(cc_profile)),
                     ("max_send_wr", json!(max_send_wr)),
@@ -686,44 +785,90 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             let (qpn, path, b) = post_body(verb);
             c.call("POST", &format!("/v1/qps/{qpn}/{path}"), Some(b))?
         }
-        Cmd::Cq {
-            verb: CqVerb::Poll { qpn, max, wait_ms },
-        } => {
-            let v = c.call(
-                "GET",
-                &format!("/v1/qps/{qpn}/completions?max={max}&wait_ms={wait_ms}"),
-                None,
-            )?;
-            if !cli.json {
-                let rows = ["send", "recv"].into_iter().flat_map(|cq| {
-                    v[cq]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(move |w| {
-                            vec![
-                                cq.to_string(),
-                                w["wr_id"].to_string(),
-                                s(&w["opcode"]),
-                                s(&w["status"]),
-                                w["byte_len"].to_string(),
-                                w.get("imm_data")
-                                    .filter(|x| !x.is_null())
-                                    .map_or("-".into(), |x| x.to_string()),
-                            ]
-                        })
-                });
-                table(
-                    out,
-                    &["cq", "wr_id", "opcode", "status", "bytes", "imm"],
-                    rows,
-                )
-                .map_err(io)?;
-                return Ok(0);
+        Cmd::Cq { verb } => match verb {
+            CqVerb::Create { cqe, lcore } => {
+                let v = c.call(
+                    "POST",
+                    "/v1/cqs",
+                    Some(object(&[("cqe", json!(cqe)), ("lcore", json!(lcore))])),
+                )?;
+                if !cli.json {
+                    cq_table(out, std::slice::from_ref(&v)).map_err(io)?;
+                    return Ok(0);
+                }
+                v
             }
-            v
-        }
+            CqVerb::Show { cqn } => {
+                let v = match cqn {
+                    Some(n) => c.call("GET", &format!("/v1/cqs/{n}"), None)?,
+                    None => c.call("GET", "/v1/cqs", None)?,
+                };
+                if !cli.json {
+                    let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
+                    cq_table(out, &list).map_err(io)?;
+                    return Ok(0);
+                }
+                v
+            }
+            CqVerb::Destroy { cqn } => c.call("DELETE", &format!("/v1/cqs/{cqn}"), None)?,
+            CqVerb::Poll {
+                cqn,
+                qp,
+                max,
+                wait_ms,
+            } => {
+                let q = format!("completions?max={max}&wait_ms={wait_ms}");
+                let (v, sides) = match (cqn, qp) {
+                    (_, Some(qpn)) => (
+                        c.call("GET", &format!("/v1/qps/{qpn}/{q}"), None)?,
+                        vec!["send", "recv"],
+                    ),
+                    (Some(cqn), None) => (
+                        c.call("GET", &format!("/v1/cqs/{cqn}/{q}"), None)?,
+                        vec!["completions"],
+                    ),
+                    (None, None) => return Err(Fail(2, "cq poll needs a CQN or --qp".into())),
+                };
+                if !cli.json {
+                    let rows = sides.into_iter().flat_map(|side| {
+                        v[side]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(move |w| {
+                                vec![
+                                    if side == "completions" { "-" } else { side }.to_string(),
+                                    w["qp_num"].to_string(),
+                                    w["wr_id"].to_string(),
+                                    s(&w["opcode"]),
+                                    s(&w["status"]),
+                                    w["byte_len"].to_string(),
+                                    w.get("imm_data")
+                                        .filter(|x| !x.is_null())
+                                        .map_or("-".into(), |x| x.to_string()),
+                                ]
+                            })
+                    });
+                    table(
+                        out,
+                        &["side", "qpn", "wr_id", "opcode", "status", "bytes", "imm"],
+                        rows,
+                    )
+                    .map_err(io)?;
+                    if v["cq"]["in_error"] == true {
+                        writeln!(
+                            out,
+                            "CQ {} overflowed: completions were lost",
+                            s(&v["cq"]["cqn"])
+                        )
+                        .map_err(io)?;
+                    }
+                    return Ok(0);
+                }
+                v
+            }
+        },
         Cmd::Stats => {
             let v = c.call("GET", "/v1/stats", None)?;
             if !cli.json {
@@ -1016,10 +1161,11 @@ fn table(
 fn mr_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
     table(
         out,
-        &["key", "addr", "length", "access"],
+        &["key", "pdn", "addr", "length", "access"],
         list.iter().map(|m| {
             vec![
                 m["lkey"].to_string(),
+                s(&m["pdn"]),
                 m["addr"].as_u64().map_or("-".into(), |a| format!("{a:#x}")),
                 m["length"].to_string(),
                 m["access"]
@@ -1031,11 +1177,33 @@ fn mr_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
     )
 }
 
+fn cq_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
+    table(
+        out,
+        &["cqn", "lcore", "cqe", "waiting", "users", "state"],
+        list.iter().map(|q| {
+            vec![
+                s(&q["cqn"]),
+                s(&q["lcore"]),
+                s(&q["cqe"]),
+                s(&q["waiting"]),
+                s(&q["users"]),
+                if q["in_error"] == true {
+                    "overflowed"
+                } else {
+                    "ok"
+                }
+                .into(),
+            ]
+        }),
+    )
+}
+
 fn qp_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
     table(
         out,
         &[
-            "lqpn", "rqpn", "type", "state", "sq-psn", "rq-psn", "lcore", "path-mtu", "cc",
+            "lqpn", "rqpn", "type", "state", "sq-psn", "rq-psn", "pdn", "lcore", "path-mtu", "cc",
         ],
         list.iter().map(|q| {
             vec![
@@ -1045,6 +1213,7 @@ fn qp_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
                 s(&q["state"]),
                 s(&q["sq-psn"]),
                 s(&q["rq-psn"]),
+                s(&q["pdn"]),
                 s(&q["lcore"]),
                 s(&q["path-mtu"]),
                 s(&q["cc"]["kind"]),

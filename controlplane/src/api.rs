@@ -7,8 +7,8 @@
 //! which is raw bytes (`application/octet-stream`).
 
 use crate::rdma::{
-    ApiError, ConnectRequest, Rdma, access_names, parse_access, parse_gid, wc_opcode_name,
-    wc_status_name,
+    ApiError, ConnectRequest, QpPlacement, Rdma, access_names, parse_access, parse_gid,
+    wc_opcode_name, wc_status_name,
 };
 use arrayvec::ArrayVec;
 use axum::Router;
@@ -105,6 +105,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/ports", get(ports))
+        .route("/v1/ports/{port}", get(port_show))
+        .route("/v1/pds", get(pd_list).post(pd_alloc))
+        .route("/v1/pds/{pdn}", get(pd_show).delete(pd_dealloc))
+        .route("/v1/cqs", get(cq_list).post(cq_create))
+        .route("/v1/cqs/{cqn}", get(cq_show).delete(cq_destroy))
+        .route("/v1/cqs/{cqn}/completions", get(cq_poll))
         .route("/v1/ports/{port}/impair", get(impair_show).put(impair_set))
         .route("/v1/mrs", get(mr_list).post(mr_reg))
         .route("/v1/mrs/{key}", get(mr_show).delete(mr_dereg))
@@ -185,6 +191,99 @@ async fn health(State(s): State<Arc<ApiState>>) -> Reply {
 
 async fn ports(State(s): State<Arc<ApiState>>) -> Reply {
     ok(Value::Array(s.ports.lock().expect("ports").clone()))
+}
+
+async fn port_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
+    let i = port_index(&s, &p)?;
+    let ports = s.ports.lock().expect("ports");
+    ports
+        .get(i)
+        .cloned()
+        .map(ok)
+        .unwrap_or_else(|| Err(ApiError::not_found(format!("no port {i}"))))
+}
+
+// ---- protection domains ----
+
+async fn pd_alloc(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    // No attributes; an empty body or an empty object.
+    if !b.is_empty() {
+        let _: serde_json::Map<String, Value> = body(&b).and_then(|m: serde_json::Map<_, _>| {
+            if m.is_empty() {
+                Ok(m)
+            } else {
+                Err(ApiError::bad(
+                    "bad_body",
+                    "a protection domain takes no attributes",
+                ))
+            }
+        })?;
+    }
+    let pd = blocking(move || s.rdma.alloc_pd()).await?;
+    created(json!(pd))
+}
+
+async fn pd_list(State(s): State<Arc<ApiState>>) -> Reply {
+    ok(json!(s.rdma.list_pds()))
+}
+
+async fn pd_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
+    let pdn = id32("PD", &p)?;
+    ok(json!(s.rdma.show_pd(pdn)?))
+}
+
+async fn pd_dealloc(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
+    let pdn = id32("PD", &p)?;
+    blocking(move || s.rdma.dealloc_pd(pdn)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+// ---- completion queues ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CqBody {
+    cqe: u64,
+    #[serde(default)]
+    lcore: Option<usize>,
+}
+
+async fn cq_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: CqBody = body(&b)?;
+    let cqe = usize::try_from(b.cqe).unwrap_or(usize::MAX);
+    let cq = blocking(move || s.rdma.create_cq(cqe, b.lcore)).await?;
+    created(json!(cq))
+}
+
+async fn cq_list(State(s): State<Arc<ApiState>>) -> Reply {
+    let v = blocking(move || s.rdma.list_cqs()).await?;
+    ok(json!(v))
+}
+
+async fn cq_show(State(s): State<Arc<ApiState>>, Path(c): Path<String>) -> Reply {
+    let cqn = id32("CQN", &c)?;
+    let (_, info) = blocking(move || s.rdma.poll_cqn(cqn, 0, Duration::ZERO)).await?;
+    ok(json!(info))
+}
+
+async fn cq_destroy(State(s): State<Arc<ApiState>>, Path(c): Path<String>) -> Reply {
+    let cqn = id32("CQN", &c)?;
+    blocking(move || s.rdma.destroy_cq(cqn)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn cq_poll(
+    State(s): State<Arc<ApiState>>,
+    Path(c): Path<String>,
+    p: Result<Query<PollQuery>, QueryRejection>,
+) -> Reply {
+    let cqn = id32("CQN", &c)?;
+    let (max, wait) = poll_limits(query(p)?)?;
+    let (wcs, info) = blocking(move || s.rdma.poll_cqn(cqn, max, wait)).await?;
+    ok(
+        json!({"completions": wcs.iter().map(wc_json).collect::<Vec<_>>(),
+              "cq": info}),
+    )
 }
 
 // ---- impairments ----
@@ -352,6 +451,8 @@ async fn impair_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> R
 struct MrBody {
     length: u64,
     #[serde(default)]
+    pd: Option<u32>,
+    #[serde(default)]
     access: Vec<String>,
     #[serde(default)]
     addr: Option<u64>,
@@ -362,7 +463,7 @@ async fn mr_reg(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let access = parse_access(&b.access)?;
     let len = usize::try_from(b.length)
         .map_err(|_| ApiError::bad("bad_length", "length is too large"))?;
-    let info = blocking(move || s.rdma.reg_mr(len, access, b.addr)).await?;
+    let info = blocking(move || s.rdma.reg_mr(len, access, b.addr, b.pd)).await?;
     created(json!(info))
 }
 
@@ -436,6 +537,12 @@ async fn mr_write(
 struct QpBody {
     #[serde(default)]
     lcore: Option<usize>,
+    #[serde(default)]
+    pd: Option<u32>,
+    #[serde(default)]
+    send_cq: Option<u32>,
+    #[serde(default)]
+    recv_cq: Option<u32>,
     #[serde(default)]
     max_send_wr: Option<u32>,
     #[serde(default)]
@@ -516,7 +623,11 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         b.cc_profile.as_deref().unwrap_or("nvidia"),
         b.dcqcn.as_ref(),
     )?;
-    let (qpn, lcore) = blocking(move || s.rdma.create_qp(b.lcore, caps, cc, params)).await?;
+    let place = QpPlacement {
+        pd: b.pd,
+        cqs: [b.send_cq, b.recv_cq],
+    };
+    let (qpn, lcore) = blocking(move || s.rdma.create_qp(b.lcore, caps, place, cc, params)).await?;
     created(json!({"qpn": qpn, "lcore": lcore, "type": "RC", "state": "RESET"}))
 }
 
@@ -530,7 +641,8 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         .collect();
     json!({
         "lqpn": qpn, "rqpn": c.dest_qp, "type": "RC", "state": c.state.name(),
-        "rq-psn": c.rq_psn.value(), "sq-psn": c.sq_psn.value(), "pdn": 0, "lcore": lcore, "port": q.port,
+        "rq-psn": c.rq_psn.value(), "sq-psn": c.sq_psn.value(), "pdn": q.pd, "lcore": lcore, "port": q.port,
+        "send-cq": q.cqs[0], "recv-cq": q.cqs[1],
         "path-mtu": c.path_mtu.map(|m| m.bytes()),
         "remote-gid": c.path.map(|p| p.remote_ip.to_string()),
         "local-gid": c.path.map(|p| p.local_ip.to_string()),
@@ -944,6 +1056,19 @@ struct PollQuery {
     wait_ms: Option<u64>,
 }
 
+/// A poll's `max` (default 16) and wait, checked.
+fn poll_limits(p: PollQuery) -> Result<(usize, Duration), ApiError> {
+    let max = p.max.unwrap_or(16);
+    let wait_ms = p.wait_ms.unwrap_or(0);
+    if !(1..=4096).contains(&max) || wait_ms > 30_000 {
+        return Err(ApiError::bad(
+            "bad_query",
+            "max is 1 to 4096 and wait_ms at most 30000",
+        ));
+    }
+    Ok((max, Duration::from_millis(wait_ms)))
+}
+
 fn wc_json(c: &WorkCompletion) -> Value {
     json!({"wr_id": c.wr_id, "status": wc_status_name(c.status),
            "opcode": wc_opcode_name(c.opcode), "byte_len": c.byte_len,
@@ -955,17 +1080,8 @@ async fn qp_poll(
     Path(q): Path<String>,
     p: Result<Query<PollQuery>, QueryRejection>,
 ) -> Reply {
-    let p = query(p)?;
     let qpn = id32("QPN", &q)?;
-    let max = p.max.unwrap_or(16);
-    let wait_ms = p.wait_ms.unwrap_or(0);
-    if !(1..=4096).contains(&max) || wait_ms > 30_000 {
-        return Err(ApiError::bad(
-            "bad_query",
-            "max is 1 to 4096 and wait_ms at most 30000",
-        ));
-    }
-    let wait = Duration::from_millis(wait_ms);
+    let (max, wait) = poll_limits(query(p)?)?;
     let (sc, rc) = blocking(move || s.rdma.poll_cq(qpn, max, wait)).await?;
     ok(json!({"send": sc.iter().map(wc_json).collect::<Vec<_>>(),
               "recv": rc.iter().map(wc_json).collect::<Vec<_>>()}))

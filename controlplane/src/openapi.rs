@@ -98,6 +98,25 @@ pub fn document() -> Value {
     let qpn = || path_param("qpn", "the QP number");
     let key = || path_param("key", "the region's key (lkey = rkey)");
     let port = || path_param("port", "the port index");
+    let pdn = || path_param("pdn", "the protection domain's number");
+    let cqn = || path_param("cqn", "the CQ's number");
+    let max_param = || {
+        json!({"name": "max", "in": "query", "required": false,
+        "description": "at most this many (default 16)",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 4096}})
+    };
+    let wait_param = || {
+        query_param(
+            "wait_ms",
+            "wait up to this long for the first (at most 30000)",
+            30000,
+        )
+    };
+    let deleted = |what: &str, codes: &[u16]| {
+        let mut m = error_responses(codes);
+        m.insert("204".into(), json!({"description": what}));
+        Value::Object(m)
+    };
     let u64s = json!({"type": "integer", "minimum": 0, "maximum": 18446744073709551615u64});
     let u32s = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64});
     let access = json!({"type": "array", "items": {"type": "string",
@@ -154,6 +173,41 @@ pub fn document() -> Value {
                 json_ok(200, "the OpenAPI document", json!({"type": "object"}), &[]))},
             "/v1/ports": {"get": op("Ports: device, driver, MAC, MTU, link, counters", vec![], None,
                 json_ok(200, "every port", json!({"type": "array", "items": r("Port")}), &[]))},
+            "/v1/ports/{port}": {"get": op("One port", vec![port()], None,
+                json_ok(200, "the port", r("Port"), &[400, 404]))},
+            "/v1/pds": {
+                "get": op("Every protection domain (PD 0 is the default: regions and QPs created without a pd are in it)",
+                    vec![], None, json_ok(200, "PDs", json!({"type": "array", "items": r("Pd")}), &[])),
+                "post": op("Allocate a protection domain (no attributes)", vec![],
+                    Some(json!({"required": false, "content": {"application/json": {"schema":
+                        {"type": "object", "additionalProperties": false, "properties": {}}}}})),
+                    json_ok(201, "the PD", r("Pd"), &[400, 409, 503]))
+            },
+            "/v1/pds/{pdn}": {
+                "get": op("One protection domain", vec![pdn()], None, json_ok(200, "the PD", r("Pd"), &[400, 404])),
+                "delete": op("Free a protection domain (refused while regions or QPs are in it, and for PD 0)",
+                    vec![pdn()], None, deleted("freed", &[400, 404, 409, 503]))
+            },
+            "/v1/cqs": {
+                "get": op("Every created completion queue", vec![], None,
+                    json_ok(200, "CQs", json!({"type": "array", "items": r("Cq")}), &[503])),
+                "post": op("Create a completion queue on an lcore; QPs that use it are placed on that lcore", vec![],
+                    Some(body(json!({"type": "object", "additionalProperties": false, "required": ["cqe"],
+                        "properties": {"cqe": {"type": "integer", "minimum": 1, "maximum": 65536},
+                                       "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}}}))),
+                    json_ok(201, "the CQ", r("Cq"), &[400, 409, 503]))
+            },
+            "/v1/cqs/{cqn}": {
+                "get": op("One CQ: capacity, completions waiting, users, overflow", vec![cqn()], None,
+                    json_ok(200, "the CQ", r("Cq"), &[400, 404, 503])),
+                "delete": op("Destroy a CQ (refused while a QP uses it)", vec![cqn()], None,
+                    deleted("destroyed", &[400, 404, 409, 503]))
+            },
+            "/v1/cqs/{cqn}/completions": {"get": op("Poll a CQ", vec![cqn(), max_param(), wait_param()], None,
+                json_ok(200, "completions, oldest first, and the CQ after", json!({"type": "object",
+                    "required": ["completions", "cq"], "properties": {
+                    "completions": {"type": "array", "items": wc.clone()}, "cq": r("Cq")}}),
+                    &[400, 404, 503]))},
             "/v1/ports/{port}/impair": {
                 "get": op("A port's impairment settings and counters, per direction", vec![port()], None,
                     json_ok(200, "settings and counters", json!({"type": "object"}), &[400, 404])),
@@ -167,16 +221,13 @@ pub fn document() -> Value {
                 "post": op("Register a region of zeroed hugepage memory", vec![],
                     Some(body(json!({"type": "object", "additionalProperties": false, "required": ["length"],
                         "properties": {"length": {"type": "integer", "minimum": 1, "maximum": 1073741824},
-                                       "access": access, "addr": u64s}}))),
+                                       "access": access, "addr": u64s, "pd": u32s}}))),
                     json_ok(201, "the region", r("Mr"), &[400, 409, 503]))
             },
             "/v1/mrs/{key}": {
                 "get": op("One region", vec![key()], None, json_ok(200, "the region", r("Mr"), &[400, 404])),
-                "delete": op("Deregister a region", vec![key()], None, {
-                    let mut m = error_responses(&[400, 404, 503]);
-                    m.insert("204".into(), json!({"description": "deregistered"}));
-                    Value::Object(m)
-                })
+                "delete": op("Deregister a region", vec![key()], None,
+                    deleted("deregistered", &[400, 404, 503]))
             },
             "/v1/mrs/{key}/data": {
                 "get": op("Bytes of a region", vec![key(),
@@ -201,6 +252,7 @@ pub fn document() -> Value {
                 "post": op("Create an RC QP (in RESET)", vec![],
                     Some(body(json!({"type": "object", "additionalProperties": false, "properties": {
                         "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+                        "pd": u32s, "send_cq": u32s, "recv_cq": u32s,
                         "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
                         "cc": {"type": "string", "enum": ["dcqcn", "none"]},
                         "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
@@ -212,11 +264,7 @@ pub fn document() -> Value {
             "/v1/qps/{qpn}": {
                 "get": op("A QP: `rdma resource show qp` fields, caps, congestion control, counters", vec![qpn()], None,
                     json_ok(200, "the QP", r("Qp"), &[400, 404, 503])),
-                "delete": op("Destroy a QP", vec![qpn()], None, {
-                    let mut m = error_responses(&[400, 404, 503]);
-                    m.insert("204".into(), json!({"description": "destroyed"}));
-                    Value::Object(m)
-                })
+                "delete": op("Destroy a QP", vec![qpn()], None, deleted("destroyed", &[400, 404, 503]))
             },
             "/v1/qps/{qpn}/modify": {"post": op("One verbs transition (INIT, RTR, RTS, SQD, ERR, RESET) with the attributes it takes; RTR needs remote_qpn and remote_gid", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false,
@@ -236,14 +284,11 @@ pub fn document() -> Value {
                     {"wr_id": u64s, "sge": {"type": "array", "items": sge, "maxItems": 4}}}))),
                 json_ok(200, "posted", json!({"type": "object", "properties":
                     {"posted": {"type": "boolean"}, "wr_id": u64s}}), &[400, 404, 409, 503]))},
-            "/v1/qps/{qpn}/completions": {"get": op("Poll a QP's send and receive CQs", vec![qpn(),
-                    json!({"name": "max", "in": "query", "required": false,
-                           "description": "at most this many per CQ (default 16)",
-                           "schema": {"type": "integer", "minimum": 1, "maximum": 4096}}),
-                    query_param("wait_ms", "wait up to this long for the first (at most 30000)", 30000)], None,
+            "/v1/qps/{qpn}/completions": {"get": op("Poll a QP's own send and receive CQs (409 when its completions go to a created CQ)",
+                    vec![qpn(), max_param(), wait_param()], None,
                 json_ok(200, "completions", json!({"type": "object", "properties": {
                     "send": {"type": "array", "items": wc}, "recv": {"type": "array", "items": wc}}}),
-                    &[400, 404, 503]))},
+                    &[400, 404, 409, 503]))},
             "/v1/qps/{qpn}/stream": {"post": op("The QP's lcore posts `count` copies of a send work request itself, `depth` outstanding",
                 vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false, "required": ["opcode"],
@@ -274,11 +319,18 @@ pub fn document() -> Value {
                 "xstats": {"type": "object"}}},
             "Mr": {"type": "object", "required": ["lkey", "rkey", "addr", "length"], "properties": {
                 "lkey": u32s, "rkey": u32s, "addr": u64s, "length": {"type": "integer"},
-                "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"}}},
+                "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"},
+                "pdn": u32s}},
+            "Pd": {"type": "object", "required": ["pdn", "mrs", "qps"], "properties": {
+                "pdn": u32s, "mrs": {"type": "integer"}, "qps": {"type": "integer"}}},
+            "Cq": {"type": "object", "required": ["cqn", "lcore", "cqe", "waiting", "users", "in_error"],
+                "properties": {"cqn": u32s, "lcore": {"type": "integer"}, "cqe": {"type": "integer"},
+                "waiting": {"type": "integer"}, "users": {"type": "integer"}, "in_error": {"type": "boolean"}}},
             "Qp": {"type": "object", "properties": {
                 "lqpn": u32s, "rqpn": u32s, "type": {"type": "string"}, "state": {"type": "string",
                     "enum": ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"]},
                 "rq-psn": u32s, "sq-psn": u32s, "pdn": {"type": "integer"}, "lcore": {"type": "integer"},
+                "send-cq": {"type": "integer", "nullable": true}, "recv-cq": {"type": "integer", "nullable": true},
                 "port": {"type": "integer"}, "path-mtu": {"type": "integer", "nullable": true},
                 "remote-gid": {"type": "string", "nullable": true}, "local-gid": {"type": "string", "nullable": true},
                 "udp-sport": {"type": "integer", "nullable": true}, "caps": {"type": "object"},

@@ -14,7 +14,9 @@ use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
-use dataplane::transport::host::{HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of};
+use dataplane::transport::host::{
+    CqState, HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of,
+};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
 use dataplane::transport::rc::{Connect, QpCaps};
@@ -155,9 +157,48 @@ struct MrEntry {
 
 struct Mrs {
     table: MrTable,
+    /// The default protection domain (0): regions and QPs created without one go there.
     pd: PdHandle,
+    /// Live protection domains.
+    pds: std::collections::BTreeSet<u32>,
     meta: BTreeMap<u32, MrEntry>,
 }
+
+/// A protection domain as the node lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PdInfo {
+    /// Its number.
+    pub pdn: u32,
+    /// Memory regions in it.
+    pub mrs: usize,
+    /// QPs in it.
+    pub qps: usize,
+}
+
+/// A completion queue as the node lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CqInfo {
+    /// Its number (bits 20-23: the lcore it lives on, as in QPNs).
+    pub cqn: u32,
+    /// The lcore it lives on; QPs that use it are placed there.
+    pub lcore: usize,
+    /// Capacity (completions).
+    pub cqe: usize,
+    /// Completions waiting.
+    pub waiting: usize,
+    /// QP send and receive queues whose completions go to it.
+    pub users: u32,
+    /// It overflowed: completions were lost and it accepts no more (destroy it and its QPs).
+    pub in_error: bool,
+}
+
+/// Largest CQ one request may create (its entries are allocated when it is created, so the
+/// packet path never allocates).
+pub const MAX_CQE: usize = 1 << 16;
+/// Completions all of a node's created CQs may hold together (about 40 bytes each).
+pub const MAX_CQE_TOTAL: usize = 1 << 22;
+/// Protection domains a node holds at most.
+pub const MAX_PDS: usize = 1 << 16;
 
 /// What connecting a QP needs to know of its peer.
 #[derive(Clone, Debug)]
@@ -188,12 +229,25 @@ pub struct ConnectRequest {
     pub dscp: u8,
 }
 
+/// Where a new QP goes: its protection domain and the created CQs its send and receive
+/// completions go to (None: the defaults).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QpPlacement {
+    /// Protection domain.
+    pub pd: Option<u32>,
+    /// Send and receive CQs.
+    pub cqs: [Option<u32>; 2],
+}
+
 /// Where a GID is reached: port, our address there, the next hop's MAC, the port's VLAN.
 type Resolved = (usize, IpAddr, MacAddr, Option<(u16, u8)>);
 
 #[derive(Clone, Debug)]
 struct QpMeta {
     lcore: usize,
+    pd: u32,
+    /// Created CQs its send and receive completions go to.
+    cqs: [Option<u32>; 2],
 }
 
 /// The node's RDMA objects.
@@ -202,6 +256,8 @@ pub struct Rdma {
     alloc: Box<dyn Fn(usize) -> Result<SharedMem, String> + Send + Sync>,
     mrs: Mutex<Mrs>,
     qps: Mutex<BTreeMap<u32, QpMeta>>,
+    /// Created CQs: lcore and capacity.
+    cqs: Mutex<BTreeMap<u32, (usize, usize)>>,
     neigh: Mutex<HashMap<(usize, IpAddr), MacAddr>>,
     resolved: Condvar,
     routes: Mutex<NetStack<Vec<u8>>>,
@@ -254,9 +310,11 @@ impl Rdma {
             mrs: Mutex::new(Mrs {
                 table,
                 pd,
+                pds: [pd.0].into(),
                 meta: BTreeMap::new(),
             }),
             qps: Mutex::new(BTreeMap::new()),
+            cqs: Mutex::new(BTreeMap::new()),
             neigh: Mutex::new(HashMap::new()),
             resolved: Condvar::new(),
             routes: Mutex::new(NetStack::new(net, &macs, None)),
@@ -297,16 +355,202 @@ impl Rdma {
         })
     }
 
+    // ---- protection domains ----
+
+    /// Allocates a protection domain on every lcore.
+    pub fn alloc_pd(&self) -> Result<PdInfo, ApiError> {
+        let mut mrs = self.mrs.lock().expect("mr table");
+        if mrs.pds.len() >= MAX_PDS {
+            return Err(ApiError::conflict(
+                "too_many",
+                format!("the node holds {MAX_PDS} protection domains already"),
+            ));
+        }
+        let pd = mrs.table.alloc_pd().0;
+        for l in 0..self.lcores.len() {
+            self.ask(l, |reply| RdmaCommand::AllocPd { pd, reply })?;
+        }
+        mrs.pds.insert(pd);
+        Ok(PdInfo {
+            pdn: pd,
+            mrs: 0,
+            qps: 0,
+        })
+    }
+
+    /// Every protection domain with what is in it.
+    pub fn list_pds(&self) -> Vec<PdInfo> {
+        let mrs = self.mrs.lock().expect("mr table");
+        let qps = self.qps.lock().expect("qp table");
+        mrs.pds
+            .iter()
+            .map(|&pdn| PdInfo {
+                pdn,
+                mrs: mrs.meta.values().filter(|e| e.info.pdn == pdn).count(),
+                qps: qps.values().filter(|q| q.pd == pdn).count(),
+            })
+            .collect()
+    }
+
+    /// One protection domain.
+    pub fn show_pd(&self, pdn: u32) -> Result<PdInfo, ApiError> {
+        self.list_pds()
+            .into_iter()
+            .find(|p| p.pdn == pdn)
+            .ok_or_else(|| ApiError::not_found(format!("no protection domain {pdn}")))
+    }
+
+    /// Frees a protection domain: refused for the default one and while regions or QPs are
+    /// in it.
+    pub fn dealloc_pd(&self, pdn: u32) -> Result<(), ApiError> {
+        let p = self.show_pd(pdn)?;
+        let mut mrs = self.mrs.lock().expect("mr table");
+        if pdn == mrs.pd.0 {
+            return Err(ApiError::conflict(
+                "default_pd",
+                format!("PD {pdn} is the node's default protection domain and stays"),
+            ));
+        }
+        if p.mrs > 0 || p.qps > 0 {
+            return Err(ApiError::conflict(
+                "pd_busy",
+                format!(
+                    "PD {pdn} still holds {} memory regions and {} QPs: deregister and destroy them first",
+                    p.mrs, p.qps
+                ),
+            ));
+        }
+        mrs.table.dealloc_pd(PdHandle(pdn)).map_err(mr_error)?;
+        mrs.pds.remove(&pdn);
+        for l in 0..self.lcores.len() {
+            // Nothing of this PD is left anywhere (checked above), so no lcore refuses.
+            let _ = self.ask(l, |reply| RdmaCommand::DeallocPd { pd: pdn, reply })?;
+        }
+        Ok(())
+    }
+
+    /// The PD `pd` names (None: the default), if it exists.
+    fn pd_or_default(&self, pd: Option<u32>) -> Result<u32, ApiError> {
+        let mrs = self.mrs.lock().expect("mr table");
+        let pd = pd.unwrap_or(mrs.pd.0);
+        if mrs.pds.contains(&pd) {
+            Ok(pd)
+        } else {
+            Err(ApiError::bad(
+                "no_pd",
+                format!("no protection domain {pd}: create one with POST /v1/pds"),
+            ))
+        }
+    }
+
+    // ---- completion queues ----
+
+    /// Creates a CQ for `cqe` completions on `lcore` (or the lcore with fewest QPs).
+    pub fn create_cq(&self, cqe: usize, lcore: Option<usize>) -> Result<CqInfo, ApiError> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(ApiError::bad(
+                "bad_cqe",
+                format!("cqe must be 1 to {MAX_CQE}, not {cqe}"),
+            ));
+        }
+        let lcore = self.pick_lcore(lcore, &self.qps.lock().expect("qp table"))?;
+        let mut cqs = self.cqs.lock().expect("cq table");
+        let total: usize = cqs.values().map(|c| c.1).sum();
+        if total + cqe > MAX_CQE_TOTAL {
+            return Err(ApiError::conflict(
+                "too_many",
+                format!(
+                    "the node's CQs hold {total} entries of {MAX_CQE_TOTAL}: {cqe} more do not fit"
+                ),
+            ));
+        }
+        let cqn = self
+            .ask(lcore, |reply| RdmaCommand::CreateCq { cqe, reply })?
+            .map_err(|e| ApiError::conflict("too_many", e))?;
+        cqs.insert(cqn, (lcore, cqe));
+        Ok(CqInfo {
+            cqn,
+            lcore,
+            cqe,
+            waiting: 0,
+            users: 0,
+            in_error: false,
+        })
+    }
+
+    fn cq_lcore(&self, cqn: u32) -> Result<usize, ApiError> {
+        self.cqs
+            .lock()
+            .expect("cq table")
+            .get(&cqn)
+            .map(|c| c.0)
+            .ok_or_else(|| ApiError::not_found(format!("no CQ {cqn}")))
+    }
+
+    /// Every created CQ.
+    pub fn list_cqs(&self) -> Result<Vec<CqInfo>, ApiError> {
+        let cqns: Vec<u32> = self.cqs.lock().expect("cq table").keys().copied().collect();
+        let mut all = Vec::new();
+        for cqn in cqns {
+            match self.poll_cqn(cqn, 0, Duration::ZERO) {
+                Ok((_, info)) => all.push(info),
+                Err(e) if e.status == 404 => {} // destroyed meanwhile
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(all)
+    }
+
+    /// Takes up to `max` completions from a created CQ, waiting up to `wait` for the first;
+    /// with the CQ's state after.
+    pub fn poll_cqn(
+        &self,
+        cqn: u32,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Vec<WorkCompletion>, CqInfo), ApiError> {
+        let l = self.cq_lcore(cqn)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            let (wcs, st): (Vec<WorkCompletion>, CqState) = self
+                .ask(l, |reply| RdmaCommand::PollCqn { cqn, max, reply })?
+                .ok_or_else(|| ApiError::not_found(format!("no CQ {cqn}")))?;
+            if !wcs.is_empty() || max == 0 || Instant::now() >= deadline {
+                let info = CqInfo {
+                    cqn,
+                    lcore: l,
+                    cqe: st.cqe,
+                    waiting: st.waiting,
+                    users: st.users,
+                    in_error: st.in_error,
+                };
+                return Ok((wcs, info));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Destroys a CQ; refused while a QP uses it.
+    pub fn destroy_cq(&self, cqn: u32) -> Result<(), ApiError> {
+        let l = self.cq_lcore(cqn)?;
+        self.ask(l, |reply| RdmaCommand::DestroyCq { cqn, reply })?
+            .map_err(|e| ApiError::conflict("cq_busy", format!("{e}: destroy those QPs first")))?;
+        self.cqs.lock().expect("cq table").remove(&cqn);
+        Ok(())
+    }
+
     // ---- memory regions ----
 
     /// Registers `length` zeroed bytes with `access`, at `addr` or at the memory's own
-    /// address, on every lcore.
+    /// address, in protection domain `pd` (None: the default), on every lcore.
     pub fn reg_mr(
         &self,
         length: usize,
         access: Access,
         addr: Option<u64>,
+        pd: Option<u32>,
     ) -> Result<MrInfo, ApiError> {
+        let pd = PdHandle(self.pd_or_default(pd)?);
         if length == 0 || length > MAX_MR_BYTES {
             return Err(ApiError::bad(
                 "bad_length",
@@ -321,7 +565,6 @@ impl Rdma {
         })?;
         let va = addr.unwrap_or(mem.addr());
         let mut mrs = self.mrs.lock().expect("mr table");
-        let pd = mrs.pd;
         let key = mrs
             .table
             .register(pd, va, Box::new(mem.clone()), access)
@@ -331,6 +574,7 @@ impl Rdma {
             let r = self
                 .ask(l, |reply| RdmaCommand::RegShared {
                     key,
+                    pd: pd.0,
                     va,
                     access,
                     mem: mem.clone(),
@@ -414,19 +658,13 @@ impl Rdma {
 
     // ---- queue pairs ----
 
-    /// Creates an RC QP in RESET on `lcore` (or the lcore with fewest QPs).
-    pub fn create_qp(
+    /// `lcore` if it exists, else the lcore with fewest QPs.
+    fn pick_lcore(
         &self,
         lcore: Option<usize>,
-        caps: QpCaps,
-        cc: CcKind,
-        params: DcqcnParams,
-    ) -> Result<(u32, usize), ApiError> {
-        params
-            .validate()
-            .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
-        let mut qps = self.qps.lock().expect("qp table");
-        let lcore = match lcore {
+        qps: &BTreeMap<u32, QpMeta>,
+    ) -> Result<usize, ApiError> {
+        Ok(match lcore {
             Some(l) if l >= self.lcores.len() => {
                 return Err(ApiError::bad(
                     "bad_lcore",
@@ -444,16 +682,74 @@ impl Rdma {
                 }
                 (0..count.len()).min_by_key(|&l| count[l]).unwrap_or(0)
             }
+        })
+    }
+
+    /// Creates an RC QP in RESET in protection domain `opts.pd` (None: the default), its
+    /// completions going to the created CQs `opts.cqs` (None: CQs of its own), on `lcore`
+    /// (or the lcore of its CQs, or the lcore with fewest QPs).
+    pub fn create_qp(
+        &self,
+        lcore: Option<usize>,
+        caps: QpCaps,
+        opts: QpPlacement,
+        cc: CcKind,
+        params: DcqcnParams,
+    ) -> Result<(u32, usize), ApiError> {
+        params
+            .validate()
+            .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
+        let pd = self.pd_or_default(opts.pd)?;
+        // A QP lives on the lcore of its CQs (completions are never handed between lcores).
+        let mut cq_lcore = None;
+        for cqn in opts.cqs.into_iter().flatten() {
+            let l = self.cq_lcore(cqn).map_err(|_| {
+                ApiError::bad(
+                    "no_cq",
+                    format!("no CQ {cqn}: create one with POST /v1/cqs"),
+                )
+            })?;
+            match (cq_lcore, lcore) {
+                (Some(o), _) if o != l => {
+                    return Err(ApiError::bad(
+                        "bad_cq",
+                        "a QP's send and receive CQs must live on the same lcore",
+                    ));
+                }
+                (_, Some(want)) if want != l => {
+                    return Err(ApiError::bad(
+                        "bad_cq",
+                        format!(
+                            "CQ {cqn} lives on lcore {l}, not on lcore {want}: a QP lives with its CQs"
+                        ),
+                    ));
+                }
+                _ => cq_lcore = Some(l),
+            }
+        }
+        let mut qps = self.qps.lock().expect("qp table");
+        let lcore = match cq_lcore {
+            Some(l) => l,
+            None => self.pick_lcore(lcore, &qps)?,
         };
         let qpn = self
             .ask(lcore, |reply| RdmaCommand::CreateQp {
                 caps,
+                pd: Some(pd),
+                cqs: opts.cqs,
                 cc,
                 params,
                 reply,
             })?
-            .map_err(|e| ApiError::bad("bad_caps", e.to_string()))?;
-        qps.insert(qpn, QpMeta { lcore });
+            .map_err(|e| ApiError::bad("bad_caps", e))?;
+        qps.insert(
+            qpn,
+            QpMeta {
+                lcore,
+                pd,
+                cqs: opts.cqs,
+            },
+        );
         Ok((qpn, lcore))
     }
 
@@ -701,14 +997,28 @@ impl Rdma {
         .map_err(|e| ApiError::conflict("post_refused", e))
     }
 
-    /// Takes up to `max` completions of each kind, waiting up to `wait` for the first.
+    /// Takes up to `max` completions of each kind from a QP's own CQs, waiting up to `wait`
+    /// for the first; refused for a QP whose completions go to a created CQ.
     pub fn poll_cq(
         &self,
         qpn: u32,
         max: usize,
         wait: Duration,
     ) -> Result<(Vec<WorkCompletion>, Vec<WorkCompletion>), ApiError> {
-        let l = self.lcore_of(qpn)?;
+        let meta = self
+            .qps
+            .lock()
+            .expect("qp table")
+            .get(&qpn)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
+        if let Some(c) = meta.cqs.iter().flatten().next() {
+            return Err(ApiError::conflict(
+                "cq_bound",
+                format!("QP {qpn}'s completions go to CQ {c}: poll /v1/cqs/{c}/completions"),
+            ));
+        }
+        let l = meta.lcore;
         let deadline = Instant::now() + wait;
         loop {
             let (s, r) = self.ask(l, |reply| RdmaCommand::PollCq { qpn, max, reply })?;

@@ -768,6 +768,266 @@ fn rocectl_json(api: &str, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
 }
 
+/// Polls created CQ `cqn` until `n` completions arrived (or 10 s passed); returns them.
+fn poll_n(api: &str, cqn: &str, n: usize) -> Vec<Value> {
+    let mut got = Vec::new();
+    let t0 = std::time::Instant::now();
+    while got.len() < n && t0.elapsed() < Duration::from_secs(10) {
+        let c = rocectl_json(
+            api,
+            &["cq", "poll", cqn, "--max", "16", "--wait-ms", "1000"],
+        );
+        got.extend(c["completions"].as_array().unwrap().iter().cloned());
+    }
+    got
+}
+
+/// `rocectl ... --json` for a listing: its length.
+fn count(api: &str, args: &[&str]) -> usize {
+    rocectl_json(api, args).as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("objs", 7580);
+    let (a, b) = ("127.0.0.1:7580", "127.0.0.1:7581");
+    // One port, by index; a port that is not there is refused.
+    let p = rocectl_json(a, &["port", "show", "0"]);
+    assert_eq!(p[0]["device"], "net_memif0", "{p}");
+    let (code, _, err) = rocectl(a, &["port", "show", "3"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("not_found") || err.contains("bad_port"),
+        "{err}"
+    );
+
+    // A protection domain on each node; PD 0, the default, is there from the start.
+    let pa = rocectl_json(a, &["pd", "create"])["pdn"].to_string();
+    let pb = rocectl_json(b, &["pd", "create"])["pdn"].to_string();
+    assert_ne!(pb, "0");
+    let (code, out, _) = rocectl(b, &["pd", "show"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("pdn") && out.lines().count() == 3, "{out}");
+    let all = "local-write,remote-write,remote-read,remote-atomic";
+    let ma = rocectl_json(
+        a,
+        &["mr", "reg", "--size", "64K", "--access", all, "--pd", &pa],
+    );
+    let (ka, aa) = (ma["lkey"].to_string(), ma["addr"].to_string());
+    assert_eq!(ma["pdn"].to_string(), pa);
+    let mb = rocectl_json(
+        b,
+        &["mr", "reg", "--size", "64K", "--access", all, "--pd", &pb],
+    );
+    let (kb, ab) = (mb["lkey"].to_string(), mb["addr"].as_u64().unwrap());
+    // A region of B's default PD: B's QPs (in PD pb) must not reach it.
+    let m0 = rocectl_json(b, &["mr", "reg", "--size", "4K", "--access", all]);
+    let (k0, a0) = (m0["lkey"].to_string(), m0["addr"].to_string());
+    assert_eq!(m0["pdn"], 0);
+
+    // One CQ for two QPs on each node; the QPs are placed on the CQ's lcore.
+    let ca = rocectl_json(a, &["cq", "create", "--cqe", "4", "--lcore", "1"]);
+    assert_eq!(
+        (ca["lcore"].as_u64(), ca["cqe"].as_u64()),
+        (Some(1), Some(4))
+    );
+    let ca = ca["cqn"].to_string();
+    let cb = rocectl_json(b, &["cq", "create", "--cqe", "64"])["cqn"].to_string();
+    let mut qa = Vec::new();
+    let mut qb = Vec::new();
+    for _ in 0..2 {
+        let q = rocectl_json(a, &["qp", "create", "--pd", &pa, "--cq", &ca]);
+        assert_eq!(q["lcore"], 1, "{q}");
+        qa.push(q["qpn"].to_string());
+        let q = rocectl_json(b, &["qp", "create", "--pd", &pb, "--cq", &cb]);
+        qb.push(q["qpn"].to_string());
+    }
+    let cq = rocectl_json(a, &["cq", "show", &ca]);
+    assert_eq!(
+        (cq["users"].as_u64(), cq["waiting"].as_u64()),
+        (Some(4), Some(0))
+    );
+    let q = rocectl_json(a, &["qp", "show", &qa[0]]);
+    assert_eq!(q[0]["pdn"].to_string(), pa);
+    assert_eq!(q[0]["send-cq"].to_string(), ca);
+    assert_eq!(q[0]["recv-cq"].to_string(), ca);
+    for i in 0..2 {
+        for (api, me, peer, gid) in [
+            (a, &qa[i], &qb[i], "10.89.0.2"),
+            (b, &qb[i], &qa[i], "10.89.0.1"),
+        ] {
+            let q = rocectl_json(
+                api,
+                &[
+                    "qp",
+                    "connect",
+                    me,
+                    "--remote-qpn",
+                    peer,
+                    "--remote-gid",
+                    gid,
+                ],
+            );
+            assert_eq!(q["state"], "RTS", "{q}");
+        }
+    }
+
+    // Wrong input at each step: a clear error, and nothing created or changed.
+    let before = (
+        count(a, &["pd", "show"]),
+        count(a, &["cq", "show"]),
+        count(a, &["qp", "show"]),
+        count(a, &["mr", "show"]),
+    );
+    for (args, code_want) in [
+        (vec!["qp", "create", "--cq", "999"], "no_cq"),
+        (vec!["qp", "create", "--cq", &ca, "--lcore", "0"], "bad_cq"),
+        (vec!["qp", "create", "--pd", "77"], "no_pd"),
+        (vec!["mr", "reg", "--size", "4K", "--pd", "77"], "no_pd"),
+        (vec!["cq", "create", "--cqe", "0"], "bad_cqe"),
+        (vec!["cq", "create", "--cqe", "70000"], "bad_cqe"),
+        (vec!["cq", "destroy", &ca], "cq_busy"),
+        (vec!["pd", "destroy", &pa], "pd_busy"),
+        (vec!["pd", "destroy", "0"], "default_pd"),
+        (vec!["cq", "poll", "--qp", &qa[0]], "cq_bound"),
+        (vec!["cq", "poll", "4242"], "not_found"),
+    ] {
+        let (code, _, err) = rocectl(a, &args);
+        assert_eq!(code, 1, "{args:?}");
+        assert!(err.contains(code_want), "{args:?}: {err}");
+    }
+    let after = (
+        count(a, &["pd", "show"]),
+        count(a, &["cq", "show"]),
+        count(a, &["qp", "show"]),
+        count(a, &["mr", "show"]),
+    );
+    assert_eq!(before, after, "refused requests left nothing behind");
+
+    // WRITEs on both QPs complete into the one CQ, each naming its QP.
+    rocectl_json(a, &["mr", "write", &ka, "--hex", "a1a2a3a4"]);
+    let remote2 = (ab + 16).to_string();
+    for (i, remote) in [ab.to_string(), remote2.clone()].iter().enumerate() {
+        let mut w = write16(&qa[i], &ka, &aa, &kb, remote);
+        w[8] = "4";
+        w.extend(["--wr-id", if i == 0 { "100" } else { "200" }]);
+        rocectl_json(a, &w);
+    }
+    let got = poll_n(a, &ca, 2);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let mut seen: Vec<(String, u64)> = got
+        .iter()
+        .map(|c| {
+            assert_eq!(c["status"], "success", "{c}");
+            (c["qp_num"].to_string(), c["wr_id"].as_u64().unwrap())
+        })
+        .collect();
+    seen.sort();
+    let mut want = vec![(qa[0].clone(), 100), (qa[1].clone(), 200)];
+    want.sort();
+    assert_eq!(seen, want);
+    for addr in [ab.to_string(), remote2] {
+        let r = rocectl_json(b, &["mr", "read", &kb, "--addr", &addr, "--length", "4"]);
+        assert_eq!(r["hex"], "a1a2a3a4");
+    }
+
+    // The PD fences regions: B's QP is in PD pb, the region with key k0 in PD 0, so a
+    // WRITE with k0 is a remote access error (and the region stays untouched).
+    let mut w = write16(&qa[0], &ka, &aa, &k0, &a0);
+    w[8] = "4";
+    rocectl_json(a, &w);
+    let got = poll_n(a, &ca, 1);
+    assert_eq!(got[0]["status"], "remote access error", "{got:?}");
+    assert_eq!(
+        rocectl_json(b, &["mr", "read", &k0, "--length", "4"])["hex"],
+        "00000000"
+    );
+
+    // Receive completions go to B's CQ; moving a QP to ERR flushes its posted receives there.
+    let rb = (ab + 1024).to_string();
+    for q in &qb {
+        rocectl_json(
+            b,
+            &[
+                "post", "recv", q, "--lkey", &kb, "--addr", &rb, "--length", "64",
+            ],
+        );
+    }
+    rocectl_json(
+        a,
+        &[
+            "post", "send", &qa[1], "--lkey", &ka, "--addr", &aa, "--length", "4",
+        ],
+    );
+    let got = poll_n(b, &cb, 1);
+    assert_eq!(
+        (got[0]["opcode"].as_str(), got[0]["qp_num"].to_string()),
+        (Some("recv"), qb[1].clone()),
+        "{got:?}"
+    );
+    assert_eq!(poll_n(a, &ca, 1)[0]["opcode"], "send");
+    rocectl_json(b, &["qp", "modify", &qb[0], "--state", "ERR"]);
+    let got = poll_n(b, &cb, 1);
+    assert_eq!(
+        (got[0]["status"].as_str(), got[0]["qp_num"].to_string()),
+        (Some("Work Request Flushed Error"), qb[0].clone()),
+        "{got:?}"
+    );
+
+    // A CQ that is not polled overflows into its error state, as on hardware: 4 entries
+    // fit, the fifth is lost, and the CQ says so.
+    let sb = ab.to_string();
+    for i in 0..5 {
+        let mut w = write16(&qa[1], &ka, &aa, &kb, &sb);
+        w[8] = "4";
+        let id = (300 + i).to_string();
+        w.extend(["--wr-id", &id]);
+        rocectl_json(a, &w);
+    }
+    let t0 = std::time::Instant::now();
+    let cq = loop {
+        let cq = rocectl_json(a, &["cq", "show", &ca]);
+        if cq["in_error"] == true || t0.elapsed() > Duration::from_secs(10) {
+            break cq;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (cq["in_error"].as_bool(), cq["waiting"].as_u64()),
+        (Some(true), Some(4)),
+        "{cq}"
+    );
+    let (code, out, _) = rocectl(a, &["cq", "poll", &ca, "--max", "16"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("overflowed") && out.matches("success").count() == 4,
+        "{out}"
+    );
+
+    // Teardown in verbs order: QPs, then CQs, regions and PDs, which are then free to go.
+    for q in &qa {
+        rocectl_json(a, &["qp", "destroy", q]);
+    }
+    for q in &qb {
+        rocectl_json(b, &["qp", "destroy", q]);
+    }
+    rocectl_json(a, &["cq", "destroy", &ca]);
+    rocectl_json(b, &["cq", "destroy", &cb]);
+    rocectl_json(a, &["mr", "dereg", &ka]);
+    let (code, _, err) = rocectl(b, &["pd", "destroy", &pb]);
+    assert_eq!(code, 1, "B's region is still in the PD");
+    assert!(err.contains("pd_busy"), "{err}");
+    rocectl_json(b, &["mr", "dereg", &kb]);
+    rocectl_json(a, &["pd", "destroy", &pa]);
+    rocectl_json(b, &["pd", "destroy", &pb]);
+    let (code, _, err) = rocectl(a, &["pd", "show", &pa]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not_found"), "{err}");
+    assert_eq!(count(a, &["cq", "show"]), 0);
+    n.stop();
+}
+
 #[test]
 fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -845,7 +1105,7 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let mut w = write16(&qa, &ka, &sa, &kb, &sb);
     w.extend(["--wr-id", "7"]);
     rocectl_json(a, &w);
-    let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+    let c = rocectl_json(a, &["cq", "poll", "--qp", &qa, "--wait-ms", "5000"]);
     assert_eq!(c["send"][0]["status"], "success", "{c}");
     assert_eq!(c["send"][0]["wr_id"], 7);
     let r = rocectl_json(b, &["mr", "read", &kb, "--length", "16"]);
@@ -867,13 +1127,13 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
             "post", "send", &qa, "--lkey", &ka, "--addr", &sa, "--length", "16", "--imm", "0x55",
         ],
     );
-    let (code, out, _) = rocectl(b, &["cq", "poll", &qb, "--wait-ms", "5000"]);
+    let (code, out, _) = rocectl(b, &["cq", "poll", "--qp", &qb, "--wait-ms", "5000"]);
     assert_eq!(code, 0);
     assert!(
         out.contains("recv") && out.contains("success") && out.contains("85"),
         "{out}"
     );
-    rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+    rocectl_json(a, &["cq", "poll", "--qp", &qa, "--wait-ms", "5000"]);
 
     // Fetch-and-add on B's first word (0x7766554433221100 after the WRITE), twice.
     let word = (aa + 64).to_string();
@@ -898,7 +1158,7 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
                 "1",
             ],
         );
-        let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+        let c = rocectl_json(a, &["cq", "poll", "--qp", &qa, "--wait-ms", "5000"]);
         assert_eq!(c["send"][0]["status"], "success", "{c}");
     }
     let r = rocectl_json(b, &["mr", "read", &kb, "--length", "8"]);
@@ -946,7 +1206,7 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
         code, 0,
         "posting succeeds; the remote access error comes back as a completion: {err}"
     );
-    let c = rocectl_json(a, &["cq", "poll", &qa, "--wait-ms", "5000"]);
+    let c = rocectl_json(a, &["cq", "poll", "--qp", &qa, "--wait-ms", "5000"]);
     assert_eq!(c["send"][0]["status"], "remote access error", "{c}");
     let q = rocectl_json(a, &["qp", "show", &qa]);
     assert_eq!(
@@ -1047,7 +1307,7 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let mut w = write16(&qa2, &ka2, &aa2, &kb2, &ab2);
     w[8] = "4";
     rocectl_json(a, &w);
-    let c = rocectl_json(a, &["cq", "poll", &qa2, "--wait-ms", "5000"]);
+    let c = rocectl_json(a, &["cq", "poll", "--qp", &qa2, "--wait-ms", "5000"]);
     assert_eq!(c["send"][0]["status"], "success", "{c}");
     assert_eq!(
         rocectl_json(b, &["mr", "read", &kb2, "--length", "4"])["hex"],

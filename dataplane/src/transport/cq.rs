@@ -203,6 +203,11 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// Takes the oldest completion.
+    pub fn pop(&mut self) -> Option<WorkCompletion> {
+        self.entries.pop_front()
+    }
+
     /// Moves up to `max` completions, oldest first, to `out` (ibv_poll_cq); returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
         let n = max.min(self.entries.len());

@@ -62,6 +62,8 @@ pub enum RdmaCommand {
     RegShared {
         /// The key the node allocated (lkey = rkey).
         key: u32,
+        /// Its protection domain.
+        pd: u32,
         /// Virtual address the region answers to.
         va: u64,
         /// Rights.
@@ -70,6 +72,44 @@ pub enum RdmaCommand {
         mem: crate::mem::SharedMem,
         /// Done, or why not.
         reply: Sender<Result<(), MrError>>,
+    },
+    /// Makes `pd` a protection domain on this lcore (the control plane numbers them).
+    AllocPd {
+        /// The number.
+        pd: u32,
+        /// Done.
+        reply: Sender<()>,
+    },
+    /// Frees a protection domain; refused while a region or QP of this lcore is in it.
+    DeallocPd {
+        /// The number.
+        pd: u32,
+        /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Creates a completion queue for `cqe` completions on this lcore; replies its number
+    /// (bits 20-23 name this lcore, as in QPNs).
+    CreateCq {
+        /// Capacity.
+        cqe: usize,
+        /// The CQ number, or why not.
+        reply: Sender<Result<u32, String>>,
+    },
+    /// Destroys a CQ; refused while a QP uses it.
+    DestroyCq {
+        /// The CQ.
+        cqn: u32,
+        /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Takes up to `max` completions from a CQ (0: only its state).
+    PollCqn {
+        /// The CQ.
+        cqn: u32,
+        /// At most.
+        max: usize,
+        /// The completions and the CQ's state, or None if there is no such CQ.
+        reply: Sender<Option<(Vec<WorkCompletion>, CqState)>>,
     },
     /// Removes a region; its key stops working on this lcore at once.
     DeregMr {
@@ -104,12 +144,17 @@ pub enum RdmaCommand {
     CreateQp {
         /// Caps.
         caps: QpCaps,
+        /// Its protection domain (None: the default, 0).
+        pd: Option<u32>,
+        /// The CQs its send and receive completions go to (None: a CQ of its own, polled
+        /// with [`RdmaCommand::PollCq`]).
+        cqs: [Option<u32>; 2],
         /// Congestion control.
         cc: CcKind,
         /// DCQCN settings.
         params: DcqcnParams,
-        /// The QPN.
-        reply: Sender<Result<u32, CapsError>>,
+        /// The QPN, or why not.
+        reply: Sender<Result<u32, String>>,
     },
     /// Changes a QP's congestion control: `kind` (a different kind starts a fresh controller
     /// at the line rate) and the DCQCN settings (a DCQCN QP's rate and alpha carry on).
@@ -171,7 +216,8 @@ pub enum RdmaCommand {
         /// Taken, or why not.
         reply: Sender<Result<(), String>>,
     },
-    /// Takes up to `max` completions from a QP's send and receive CQs.
+    /// Takes up to `max` completions from a QP's own send and receive CQs (a side bound to a
+    /// created CQ has none: poll that CQ).
     PollCq {
         /// The QP.
         qpn: u32,
@@ -244,9 +290,26 @@ pub struct DcqcnSummary {
     pub max_alpha: f64,
 }
 
+/// A completion queue's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqState {
+    /// Capacity.
+    pub cqe: usize,
+    /// Completions waiting.
+    pub waiting: usize,
+    /// QPs whose send or receive completions go to it.
+    pub users: u32,
+    /// It overflowed (completions were lost; its QPs' completions are refused from then on).
+    pub in_error: bool,
+}
+
 /// What [`RdmaCommand::Query`] tells of a QP.
 #[derive(Clone, Debug)]
 pub struct QpQuery {
+    /// Its protection domain.
+    pub pd: u32,
+    /// The created CQs its send and receive completions go to (None: its own).
+    pub cqs: [Option<u32>; 2],
     /// Its attributes (state, PSNs, remote QP, path, ...).
     pub cfg: super::qp::QpConfig,
     /// Its counters.
@@ -268,8 +331,12 @@ pub struct QpQuery {
 struct Slot {
     qp: RcQp,
     port: usize,
+    /// Its own CQs; for a side bound to a created CQ, where completions wait until
+    /// [`RdmaHost::settle`] moves them there.
     scq: CompletionQueue,
     rcq: CompletionQueue,
+    /// Created CQs (indices in `RdmaHost::cqs`) its send and receive completions go to.
+    bound: [Option<u32>; 2],
     ready: bool,
     stream: Option<Stream>,
 }
@@ -306,6 +373,9 @@ pub struct RdmaHost<B> {
     pd: PdHandle,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
+    /// Created completion queues and how many QP sides use each (index 0 unused).
+    cqs: Vec<Option<(CompletionQueue, u32)>>,
+    cq_free: Vec<u32>,
     ready: VecDeque<u32>,
     timers: TimerQueue<u32>,
     /// A buffer allocated for a QP that then had nothing to send, kept for the next one.
@@ -346,6 +416,8 @@ impl<B: PacketBuf> RdmaHost<B> {
             pd,
             slots: Vec::new(),
             free: Vec::new(),
+            cqs: vec![None],
+            cq_free: Vec::new(),
             ready: VecDeque::new(),
             timers: TimerQueue::with_capacity(1024),
             spare: None,
@@ -383,6 +455,36 @@ impl<B: PacketBuf> RdmaHost<B> {
 
     fn qpn(&self, index: u32) -> u32 {
         self.shard << QPN_SHARD_SHIFT | index
+    }
+
+    fn cq_index(&self, cqn: u32) -> Option<usize> {
+        if shard_of(cqn) != self.shard {
+            return None;
+        }
+        let i = (cqn & ((1 << QPN_SHARD_SHIFT) - 1)) as usize;
+        self.cqs.get(i)?.as_ref().map(|_| i)
+    }
+
+    /// Moves QP `i`'s completions to the created CQs its sides are bound to (a full CQ goes
+    /// to error and the completion is lost, as on hardware). While it streams, its send
+    /// completions stay for the stream.
+    fn settle(&mut self, i: usize) {
+        let Some(s) = self.slots[i].as_mut() else {
+            return;
+        };
+        let sides = [
+            (s.bound[0].filter(|_| s.stream.is_none()), &mut s.scq),
+            (s.bound[1], &mut s.rcq),
+        ];
+        for (to, own) in sides {
+            if let Some(c) = to
+                && let Some((cq, _)) = self.cqs[c as usize].as_mut()
+            {
+                while let Some(wc) = own.pop() {
+                    let _ = cq.push(wc);
+                }
+            }
+        }
     }
 
     fn index(&self, qpn: u32) -> Option<usize> {
@@ -490,6 +592,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         if streaming {
             self.feed(i, now);
         }
+        self.settle(i);
     }
 
     /// Sends what the ready QPs have, then re-arms their timers.
@@ -532,6 +635,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 s.ready = true;
                 self.ready.push_back(i);
             }
+            self.settle(i as usize);
         }
     }
 
@@ -550,6 +654,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             RdmaCommand::RegShared {
                 key,
+                pd,
                 va,
                 access,
                 mem,
@@ -557,7 +662,66 @@ impl<B: PacketBuf> RdmaHost<B> {
             } => {
                 let r = self
                     .mrs
-                    .register_at(self.pd, key, va, Box::new(mem), access);
+                    .register_at(PdHandle(pd), key, va, Box::new(mem), access);
+                let _ = reply.send(r);
+            }
+            RdmaCommand::AllocPd { pd, reply } => {
+                self.mrs.ensure_pd(PdHandle(pd));
+                let _ = reply.send(());
+            }
+            RdmaCommand::DeallocPd { pd, reply } => {
+                let pd = PdHandle(pd);
+                let r = if self.slots.iter().flatten().any(|s| s.qp.pd == pd) {
+                    Err(format!("QPs of this lcore are in PD {}", pd.0))
+                } else {
+                    self.mrs.dealloc_pd(pd).map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::CreateCq { cqe, reply } => {
+                let r = match self.cq_free.pop() {
+                    Some(i) => Ok(i),
+                    None if self.cqs.len() < 1 << QPN_SHARD_SHIFT => {
+                        self.cqs.push(None);
+                        Ok(self.cqs.len() as u32 - 1)
+                    }
+                    None => Err("this lcore has no CQ numbers left".to_string()),
+                }
+                .map(|i| {
+                    self.cqs[i as usize] = Some((CompletionQueue::new(cqe), 0));
+                    self.qpn(i)
+                });
+                let _ = reply.send(r);
+            }
+            RdmaCommand::DestroyCq { cqn, reply } => {
+                let r = match self.cq_index(cqn) {
+                    None => Err(format!("no CQ {cqn} on this lcore")),
+                    Some(i) => match self.cqs[i].as_ref() {
+                        Some((_, users)) if *users > 0 => {
+                            Err(format!("{users} QP send or receive queues use CQ {cqn}"))
+                        }
+                        _ => {
+                            self.cqs[i] = None;
+                            self.cq_free.push(i as u32);
+                            Ok(())
+                        }
+                    },
+                };
+                let _ = reply.send(r);
+            }
+            RdmaCommand::PollCqn { cqn, max, reply } => {
+                let r = self.cq_index(cqn).and_then(|i| {
+                    let (cq, users) = self.cqs[i].as_mut()?;
+                    let mut wcs = Vec::new();
+                    cq.poll(max, &mut wcs);
+                    let state = CqState {
+                        cqe: cq.capacity(),
+                        waiting: cq.len(),
+                        users: *users,
+                        in_error: cq.in_error(),
+                    };
+                    Some((wcs, state))
+                });
                 let _ = reply.send(r);
             }
             RdmaCommand::DeregMr { key, reply } => {
@@ -583,10 +747,29 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             RdmaCommand::CreateQp {
                 caps,
+                pd,
+                cqs,
                 cc,
                 params,
                 reply,
             } => {
+                let pd = PdHandle(pd.unwrap_or(self.pd.0));
+                if !self.mrs.has_pd(pd) {
+                    let _ = reply.send(Err(format!("no PD {}", pd.0)));
+                    return;
+                }
+                let mut bound = [None; 2];
+                for (b, c) in bound.iter_mut().zip(cqs) {
+                    if let Some(cqn) = c {
+                        match self.cq_index(cqn) {
+                            Some(i) => *b = Some(i as u32),
+                            None => {
+                                let _ = reply.send(Err(format!("no CQ {cqn} on this lcore")));
+                                return;
+                            }
+                        }
+                    }
+                }
                 let i = match self.free.pop() {
                     Some(i) => i,
                     None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
@@ -599,11 +782,12 @@ impl<B: PacketBuf> RdmaHost<B> {
                         self.slots.len() as u32 - 1
                     }
                     None => {
-                        let _ = reply.send(Err(CapsError::OutOfRange("QPs on this lcore")));
+                        let _ =
+                            reply.send(Err(CapsError::OutOfRange("QPs on this lcore").to_string()));
                         return;
                     }
                 };
-                let r = RcQp::new(self.qpn(i), self.pd, caps).map(|mut qp| {
+                let r = RcQp::new(self.qpn(i), pd, caps).map(|mut qp| {
                     qp.set_congestion_control(cc, self.line_bps, params);
                     let qpn = qp.qpn;
                     self.slots[i as usize] = Some(Slot {
@@ -611,15 +795,23 @@ impl<B: PacketBuf> RdmaHost<B> {
                         port: self.port,
                         scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
                         rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
+                        bound,
                         ready: false,
                         stream: None,
                     });
                     qpn
                 });
-                if r.is_err() {
-                    self.free.push(i);
+                match r {
+                    Ok(_) => {
+                        for c in bound.into_iter().flatten() {
+                            if let Some((_, users)) = self.cqs[c as usize].as_mut() {
+                                *users += 1;
+                            }
+                        }
+                    }
+                    Err(_) => self.free.push(i),
                 }
-                let _ = reply.send(r);
+                let _ = reply.send(r.map_err(|e| e.to_string()));
             }
             RdmaCommand::Connect {
                 qpn,
@@ -645,8 +837,19 @@ impl<B: PacketBuf> RdmaHost<B> {
                     if attr.path.is_some() {
                         s.port = port;
                     }
+                    if s.qp.cfg.state == super::qp::QpState::Err {
+                        // Moving to ERR flushes outstanding work (ibv_modify_qp).
+                        s.qp.flush(&mut s.scq);
+                        s.qp.flush_recv(&mut s.rcq);
+                    }
                     Ok(())
                 });
+                if let Some(i) = self.index(qpn) {
+                    if self.slots[i].as_ref().is_some_and(|s| s.stream.is_some()) {
+                        self.feed(i, now);
+                    }
+                    self.settle(i);
+                }
                 let _ = reply.send(r);
             }
             RdmaCommand::SetCc {
@@ -672,6 +875,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let s = self.slots[i].as_ref().expect("index checked");
                     let cc = s.qp.cc();
                     QpQuery {
+                        pd: s.qp.pd.0,
+                        cqs: s.bound.map(|b| b.map(|c| self.qpn(c))),
                         cfg: s.qp.cfg,
                         counters: s.qp.counters,
                         port: s.port,
@@ -784,6 +989,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                     Some(i) => {
                         if let Some(s) = self.slots[i].take() {
                             self.retired.add(&s.qp.counters);
+                            for c in s.bound.into_iter().flatten() {
+                                if let Some((_, users)) = self.cqs[c as usize].as_mut() {
+                                    *users -= 1;
+                                }
+                            }
                         }
                         self.timers.cancel(i as u32);
                         self.free.push(i as u32);
@@ -848,6 +1058,7 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
                 if streaming {
                     self.feed(i as usize, now);
                 }
+                self.settle(i as usize);
             }
         }
         if !self.ready.is_empty() {
@@ -937,11 +1148,12 @@ pub fn connect_pair(
     let create = |c: &HostControl| {
         ask(c, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
+            pd: None,
+            cqs: [None; 2],
             cc,
             params: DcqcnParams::nvidia(),
             reply,
         })?
-        .map_err(|e| e.to_string())
     };
     let (qpa, qpb) = (create(a)?, create(b)?);
     for (c, me, other, q, peer) in [(a, 1, 2, qpa, qpb), (b, 2, 1, qpb, qpa)] {
@@ -1163,6 +1375,8 @@ mod tests {
         // A QP that is not connected cannot stream.
         let q = ask(a, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
+            pd: None,
+            cqs: [None; 2],
             cc: CcKind::None,
             params: DcqcnParams::nvidia(),
             reply,
@@ -1182,6 +1396,8 @@ mod tests {
         // QPNs carry their owner.
         let q = ask(b, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
+            pd: None,
+            cqs: [None; 2],
             cc: CcKind::None,
             params: DcqcnParams::nvidia(),
             reply,

@@ -264,6 +264,21 @@ impl MrTable {
         PdHandle(self.pds.len() as u32 - 1)
     }
 
+    /// Makes `pd` a live protection domain (the control plane numbers PDs node-wide and every
+    /// lcore's table takes the same numbers); allocating it again is harmless.
+    pub fn ensure_pd(&mut self, pd: PdHandle) {
+        let i = pd.0 as usize;
+        if self.pds.len() <= i {
+            self.pds.resize(i + 1, false);
+        }
+        self.pds[i] = true;
+    }
+
+    /// True while `pd` is allocated.
+    pub fn has_pd(&self, pd: PdHandle) -> bool {
+        self.pds.get(pd.0 as usize) == Some(&true)
+    }
+
     /// Frees a protection domain; refused while regions use it.
     pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), MrError> {
         match self.pds.get(pd.0 as usize) {
