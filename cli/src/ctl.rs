@@ -96,6 +96,15 @@ pub enum Cmd {
         #[arg(long)]
         verify_icrc: bool,
     },
+    /// perftest's bandwidth tests on this node, against another `rocectl perf` or an unmodified
+    /// ib_write_bw / ib_read_bw / ib_atomic_bw, through perftest's TCP connection exchange.
+    ///
+    /// Examples:
+    ///   rocectl perf write bw --server                  (then, on the other node:)
+    ///   rocectl --api 127.0.0.1:7471 perf write bw 127.0.0.1 -s 4096 -n 20000
+    ///   rocectl perf read bw 10.233.0.11 -x 1           (an ib_read_bw server on a Linux host)
+    #[command(verbatim_doc_comment)]
+    Perf(crate::perf::PerfArgs),
     /// Print shell completions for rocectl (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -476,10 +485,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// A failure: what to print and the exit status.
-struct Fail(u8, String);
+pub(crate) struct Fail(pub(crate) u8, pub(crate) String);
 
 /// The API over HTTP.
-struct Client {
+pub(crate) struct Client {
     base: String,
     agent: ureq::Agent,
     /// `Bearer <token>`, when a token is given.
@@ -507,7 +516,12 @@ impl Client {
         }
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Fail> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Fail> {
         let url = format!("{}{path}", self.base);
         let r = match (method, body) {
             ("GET", _) => self.with(self.agent.get(&url)).call(),
@@ -582,6 +596,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
     let io = |e: std::io::Error| Fail(2, e.to_string());
     let v = match &cli.cmd {
         Cmd::Decode { file, verify_icrc } => return decode(file, *verify_icrc, cli.json, out),
+        Cmd::Perf(a) => return crate::perf::perf(&c, a, cli.json, out),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "rocectl", out);

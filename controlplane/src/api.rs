@@ -189,14 +189,23 @@ async fn health(State(s): State<Arc<ApiState>>) -> Reply {
     ok(json!({"status": "ok", "lcores": s.rdma.lcores()}))
 }
 
+/// The ports' view with each port's GID table added.
+fn ports_with_gids(s: &ApiState) -> Vec<Value> {
+    let mut v = s.ports.lock().expect("ports").clone();
+    for (i, p) in v.iter_mut().enumerate() {
+        let gids: Vec<String> = s.rdma.gids(i).iter().map(|g| g.to_string()).collect();
+        p["gids"] = json!(gids);
+    }
+    v
+}
+
 async fn ports(State(s): State<Arc<ApiState>>) -> Reply {
-    ok(Value::Array(s.ports.lock().expect("ports").clone()))
+    ok(Value::Array(ports_with_gids(&s)))
 }
 
 async fn port_show(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
     let i = port_index(&s, &p)?;
-    let ports = s.ports.lock().expect("ports");
-    ports
+    ports_with_gids(&s)
         .get(i)
         .cloned()
         .map(ok)
@@ -1024,7 +1033,11 @@ async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Byt
     }
     let wait = Duration::from_millis(wait_ms);
     let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, wait)).await?;
-    ok(json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns}))
+    let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
+    ok(
+        json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
+              "best_ns_per_wr": best}),
+    )
 }
 
 #[derive(Deserialize)]

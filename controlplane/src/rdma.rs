@@ -264,6 +264,9 @@ pub struct Rdma {
     macs: Vec<MacAddr>,
     /// Per port: its MTU (the IP packets it carries), which bounds a QP's path MTU.
     mtus: Vec<u16>,
+    /// Per port: its GID table (as rxe builds one: the link-local GID from the MAC, then
+    /// each IPv4 address IPv4-mapped, then each IPv6 address).
+    gids: Vec<Vec<std::net::Ipv6Addr>>,
     line_bps: f64,
 }
 
@@ -318,10 +321,52 @@ impl Rdma {
             neigh: Mutex::new(HashMap::new()),
             resolved: Condvar::new(),
             routes: Mutex::new(NetStack::new(net, &macs, None)),
+            gids: net
+                .ports
+                .iter()
+                .zip(&macs)
+                .map(|(p, mac)| {
+                    let m = mac.0;
+                    let mut t = vec![std::net::Ipv6Addr::from([
+                        0xfe,
+                        0x80,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        m[0] ^ 2,
+                        m[1],
+                        m[2],
+                        0xff,
+                        0xfe,
+                        m[3],
+                        m[4],
+                        m[5],
+                    ])];
+                    t.extend(
+                        p.ipv4.iter().map(|c| {
+                            std::net::Ipv4Addr::from(c.address().octets()).to_ipv6_mapped()
+                        }),
+                    );
+                    t.extend(
+                        p.ipv6
+                            .iter()
+                            .map(|c| std::net::Ipv6Addr::from(c.address().octets())),
+                    );
+                    t
+                })
+                .collect(),
             macs,
             mtus: Vec::new(),
             line_bps,
         }
+    }
+
+    /// Port `port`'s GID table (empty for a port without one).
+    pub fn gids(&self, port: usize) -> Vec<std::net::Ipv6Addr> {
+        self.gids.get(port).cloned().unwrap_or_default()
     }
 
     /// Number of worker lcores.

@@ -1028,6 +1028,152 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
     n.stop();
 }
 
+/// The result line of perftest's bandwidth table: the line after the column header.
+fn result_line(out: &str) -> String {
+    let mut lines = out.lines();
+    lines.find(|l| l.contains("#bytes"));
+    lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_exchange() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("perf", 7590);
+    let (a, b) = ("127.0.0.1:7590", "127.0.0.1:7591");
+    let mut oob = 18650;
+    // Node A serves, node B is the client, as two perftest processes would be.
+    for (op, extra) in [
+        ("write", vec!["-s", "4096", "-n", "3000"]),
+        ("read", vec!["-s", "4096", "-n", "3000"]),
+        ("atomic", vec!["-n", "3000", "-A", "cmp-swap"]),
+        ("atomic", vec!["-n", "3000"]),
+        ("write", vec!["-s", "65536", "-n", "500", "-m", "4096"]),
+    ] {
+        oob += 1;
+        let port = oob.to_string();
+        let mut sargs = vec!["perf", op, "bw", "--server", "-p", &port, "--timeout", "30"];
+        sargs.extend(extra.iter().copied());
+        let sargs: Vec<String> = sargs.into_iter().map(String::from).collect();
+        let server = std::thread::spawn(move || {
+            let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
+            rocectl(a, &v)
+        });
+        let mut cargs = vec![
+            "perf",
+            op,
+            "bw",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--timeout",
+            "30",
+        ];
+        cargs.extend(extra.iter().copied());
+        let (code, cout, err) = rocectl(b, &cargs);
+        assert_eq!(code, 0, "client {op} {extra:?}: {err}");
+        let (code, sout, err) = server.join().unwrap();
+        assert_eq!(code, 0, "server {op} {extra:?}: {err}");
+        let line = result_line(&cout);
+        let f: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        let (size, iters) = if op == "atomic" {
+            (8.0, 3000.0)
+        } else {
+            (extra[1].parse().unwrap(), extra[3].parse().unwrap())
+        };
+        assert_eq!((f[0], f[1]), (size, iters), "{cout}");
+        assert!(
+            f[2] >= f[3] && f[3] > 0.0 && f[4] > 0.0,
+            "peak >= average > 0, message rate > 0: {cout}"
+        );
+        assert!(
+            (f[3] * 1048576.0 / size / 1e6 - f[4]).abs() < 0.01 * f[4],
+            "average bandwidth and message rate agree: {cout}"
+        );
+        assert_eq!(
+            result_line(&sout),
+            line,
+            "the server prints the client's results, as perftest's does"
+        );
+        assert!(
+            cout.contains("RC") && cout.contains("remote address"),
+            "{cout}"
+        );
+        if extra.contains(&"-m") {
+            assert!(cout.contains("Mtu             : 4096[B]"), "{cout}");
+        }
+    }
+    // The JSON form, and nothing left behind on either node.
+    oob += 1;
+    let port = oob.to_string();
+    let server = std::thread::spawn(move || {
+        rocectl(
+            a,
+            &[
+                "perf",
+                "write",
+                "bw",
+                "--server",
+                "-p",
+                &port,
+                "--timeout",
+                "30",
+            ],
+        )
+    });
+    let v = rocectl_json(
+        b,
+        &[
+            "perf",
+            "write",
+            "bw",
+            "127.0.0.1",
+            "-p",
+            &oob.to_string(),
+            "-n",
+            "1000",
+        ],
+    );
+    assert_eq!(server.join().unwrap().0, 0);
+    assert_eq!(
+        (v["bytes"].as_u64(), v["iterations"].as_u64()),
+        (Some(65536), Some(1000))
+    );
+    assert!(v["gbit_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["remote"]["gid"], "::ffff:10.89.0.1");
+    for api in [a, b] {
+        assert_eq!(count(api, &["qp", "show"]), 0);
+        assert_eq!(count(api, &["mr", "show"]), 0);
+    }
+    // No server: the client says so and exits non-zero.
+    let (code, _, err) = rocectl(
+        b,
+        &[
+            "perf",
+            "write",
+            "bw",
+            "127.0.0.1",
+            "-p",
+            "18649",
+            "--timeout",
+            "1",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot reach the server"), "{err}");
+    let [sa, _]: [Value; 2] = n.stop().try_into().unwrap();
+    assert!(
+        sum(&sa, "rx_write_requests") >= 3000 + 500 * 16 + 1000 * 64,
+        "the server's lcores executed the WRITEs"
+    );
+    assert!(sum(&sa, "rx_read_requests") >= 3000);
+    assert!(sum(&sa, "rx_atomic_requests") >= 6000);
+}
+
 #[test]
 fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -351,11 +351,13 @@ struct Stream {
     done: u64,
     errors: u64,
     started: crate::time::Instant,
+    /// The fewest nanoseconds per completed work request over any prefix of the run.
+    best_ns_per_wr: f64,
     reply: Sender<Result<StreamResult, String>>,
 }
 
 /// What a stream did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamResult {
     /// Work requests completed successfully.
     pub completed: u64,
@@ -363,6 +365,9 @@ pub struct StreamResult {
     pub errors: u64,
     /// From the first post to the last completion, nanoseconds of lcore time.
     pub elapsed_ns: u64,
+    /// The fewest nanoseconds per work request from the first post to any completion
+    /// (perftest's peak: the best the run ever averaged since its start).
+    pub best_ns_per_wr: f64,
 }
 
 /// This lcore's RDMA state.
@@ -531,6 +536,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         let Some(st) = slot.stream.as_mut() else {
             return;
         };
+        let before = st.done;
         loop {
             wcs.clear();
             if slot.scq.poll(64, wcs) == 0 {
@@ -544,6 +550,10 @@ impl<B: PacketBuf> RdmaHost<B> {
                     st.errors += 1;
                 }
             }
+        }
+        if st.done > before {
+            let per = now.0.saturating_sub(st.started.0) as f64 / st.done as f64;
+            st.best_ns_per_wr = st.best_ns_per_wr.min(per);
         }
         let mut posted = false;
         slot.qp.observe(now);
@@ -564,6 +574,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 completed: st.done,
                 errors: st.errors + st.to_post + st.outstanding as u64,
                 elapsed_ns: now.0.saturating_sub(st.started.0),
+                best_ns_per_wr: st.best_ns_per_wr,
             }));
         }
         if posted {
@@ -944,6 +955,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     done: 0,
                     errors: 0,
                     started: now,
+                    best_ns_per_wr: f64::INFINITY,
                     reply,
                 });
                 self.feed(i, now);

@@ -1,0 +1,614 @@
+//! perftest's out-of-band connection exchange (TCP, port 18515), so that `rocectl perf` and an
+//! unmodified `ib_write_bw` (and its siblings) can set up a test with each other.
+//!
+//! perftest (4.5, which reports version "6.06") runs the exchange in lockstep: for every message
+//! the client writes first and the server reads first, and both sides send the same message
+//! kinds in the same order:
+//!
+//! 1. the version, 16 bytes, NUL-padded;
+//! 2. (remote version >= 5.32) the cycle buffer (page size) and the cache-line size, 4-byte
+//!    big-endian ints;
+//! 3. (>= 5.31) the MTU as the `ibv_mtu` enum in decimal, 2 bytes (`"3\0"` is 1024); both use
+//!    the smaller;
+//! 4. the QP's keys, 108 bytes of text ([`Dest`]), once per QP and then again as a barrier: a
+//!    bandwidth test sends them 3 times before traffic (SEND tests 4, because the server runs
+//!    too), once after it, and once on closing;
+//! 5. (WRITE, READ and ATOMIC bandwidth tests) the client's results, 8-byte big-endian fields
+//!    (size, iterations, peak, average, message rate), which the server prints as its own;
+//! 6. `done\0` each way.
+//!
+//! The byte sequences are those of `tests/data/perftest/*.pcap` (captures of perftest between
+//! two Linux Soft-RoCE hosts); the tests replay them.
+
+use std::io::{Read, Write};
+use std::net::Ipv6Addr;
+
+/// The version ferroce announces: perftest 4.5's.
+pub const VERSION: &str = "6.06";
+/// perftest's default port.
+pub const PORT: u16 = 18515;
+/// Bytes of a key message with a GID (KEY_MSG_SIZE_GID).
+pub const KEY_MSG: usize = 108;
+
+/// What went wrong in the exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum OobError {
+    /// The socket failed or closed early.
+    #[error("out-of-band connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent something that is not perftest's.
+    #[error("the peer's {what} is not perftest's: {got:?}")]
+    Malformed {
+        /// Which message.
+        what: &'static str,
+        /// What came, as text.
+        got: String,
+    },
+}
+
+/// Which side of the exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Connects, and writes first.
+    Client,
+    /// Listens, and reads first.
+    Server,
+}
+
+/// One QP's keys as perftest exchanges them (`struct pingpong_dest`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// READs/atomics the QP lets the peer have outstanding (max_dest_rd_atomic it will set).
+    pub out_reads: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// First PSN it sends.
+    pub psn: u32,
+    /// The remote key of its buffer (0 for SEND tests).
+    pub rkey: u32,
+    /// Its buffer's address.
+    pub vaddr: u64,
+    /// Its GID.
+    pub gid: Ipv6Addr,
+    /// SRQ number (0 without SRQ).
+    pub srqn: u32,
+}
+
+impl Dest {
+    /// The 108-byte message: `lid:out_reads:qpn:psn:rkey:vaddr:` in hex, the 16 GID bytes as
+    /// `%02x:`, the SRQN, then a NUL.
+    pub fn to_wire(&self) -> [u8; KEY_MSG] {
+        let mut s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid,
+            self.out_reads,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            self.rkey,
+            self.vaddr
+        );
+        for b in self.gid.octets() {
+            s.push_str(&format!("{b:02x}:"));
+        }
+        s.push_str(&format!("{:08x}:", self.srqn));
+        let mut m = [0u8; KEY_MSG];
+        m[..s.len()].copy_from_slice(s.as_bytes());
+        m
+    }
+
+    /// Parses a key message (with or without the GID part).
+    pub fn parse(m: &[u8]) -> Result<Dest, OobError> {
+        let text = m.split(|&b| b == 0).next().unwrap_or_default();
+        let bad = || OobError::Malformed {
+            what: "key message",
+            got: String::from_utf8_lossy(m).into_owned(),
+        };
+        let text = std::str::from_utf8(text).map_err(|_| bad())?;
+        let f: Vec<&str> = text.split(':').collect();
+        // Six fields, 16 GID bytes, the SRQN, and the empty piece after the last ':'.
+        if f.len() != 24 || !f[23].is_empty() {
+            return Err(bad());
+        }
+        let hex = |s: &str, max_len: usize| -> Result<u64, OobError> {
+            if s.is_empty() || s.len() > max_len {
+                return Err(bad());
+            }
+            u64::from_str_radix(s, 16).map_err(|_| bad())
+        };
+        let mut gid = [0u8; 16];
+        for (g, s) in gid.iter_mut().zip(&f[6..22]) {
+            *g = hex(s, 2)? as u8;
+        }
+        Ok(Dest {
+            lid: hex(f[0], 4)? as u16,
+            out_reads: hex(f[1], 4)? as u16,
+            qpn: hex(f[2], 6)? as u32,
+            psn: hex(f[3], 6)? as u32,
+            rkey: hex(f[4], 8)? as u32,
+            vaddr: hex(f[5], 16)?,
+            gid: Ipv6Addr::from(gid),
+            srqn: hex(f[22], 8)? as u32,
+        })
+    }
+}
+
+/// A bandwidth test's results as the client sends them to the server (`struct bw_report_data`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BwReport {
+    /// Message size, bytes.
+    pub size: u64,
+    /// Iterations.
+    pub iters: u64,
+    /// Peak bandwidth, MB/s.
+    pub bw_peak: f64,
+    /// Average bandwidth, MB/s.
+    pub bw_avg: f64,
+    /// Message rate, Mpps.
+    pub msg_rate: f64,
+}
+
+/// The `ibv_mtu` enum value of a path MTU in bytes (1 = 256 ... 5 = 4096).
+pub fn mtu_enum(bytes: u32) -> Option<u8> {
+    match bytes {
+        256 => Some(1),
+        512 => Some(2),
+        1024 => Some(3),
+        2048 => Some(4),
+        4096 => Some(5),
+        _ => None,
+    }
+}
+
+/// The path MTU in bytes of an `ibv_mtu` enum value.
+pub fn mtu_bytes(e: u8) -> Option<u32> {
+    (1..=5).contains(&e).then(|| 128u32 << e)
+}
+
+/// The exchange over one connected stream.
+#[derive(Debug)]
+pub struct Oob<S> {
+    s: S,
+    role: Role,
+    /// The peer's version, once exchanged.
+    pub remote_version: f64,
+}
+
+impl<S: Read + Write> Oob<S> {
+    /// The exchange over `s`, as `role`.
+    pub fn new(s: S, role: Role) -> Self {
+        Oob {
+            s,
+            role,
+            remote_version: 0.0,
+        }
+    }
+
+    /// One message each way, in perftest's order (the client writes first); the peer's must
+    /// be `theirs.len()` bytes.
+    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), OobError> {
+        match self.role {
+            Role::Client => {
+                self.s.write_all(mine)?;
+                self.s.flush()?;
+                self.s.read_exact(theirs)?;
+            }
+            Role::Server => {
+                self.s.read_exact(theirs)?;
+                self.s.write_all(mine)?;
+                self.s.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps 1-3: versions, buffer sizes and MTU; returns the MTU both use, in bytes.
+    pub fn setup(&mut self, mtu: u32) -> Result<u32, OobError> {
+        let mut v = [0u8; 16];
+        v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let mut theirs = [0u8; 16];
+        self.xchg(&v, &mut theirs)?;
+        let text = String::from_utf8_lossy(theirs.split(|&b| b == 0).next().unwrap_or_default())
+            .into_owned();
+        self.remote_version = text.trim().parse().map_err(|_| OobError::Malformed {
+            what: "version",
+            got: text.clone(),
+        })?;
+        if self.remote_version >= 5.32 {
+            let mut x = [0u8; 4];
+            self.xchg(&4096u32.to_be_bytes(), &mut x)?;
+            self.xchg(&64u32.to_be_bytes(), &mut x)?;
+        }
+        let mut agreed = mtu;
+        if self.remote_version >= 5.31 {
+            let mine = mtu_enum(mtu).unwrap_or(3);
+            let mut theirs = [0u8; 2];
+            self.xchg(&[b'0' + mine, 0], &mut theirs)?;
+            let e = theirs[0].wrapping_sub(b'0');
+            let remote =
+                mtu_bytes(e)
+                    .filter(|_| theirs[1] == 0)
+                    .ok_or_else(|| OobError::Malformed {
+                        what: "MTU",
+                        got: String::from_utf8_lossy(&theirs).into_owned(),
+                    })?;
+            agreed = agreed.min(remote);
+        }
+        Ok(agreed)
+    }
+
+    /// Step 4: our keys for theirs (also the barrier perftest repeats).
+    pub fn keys(&mut self, mine: &Dest) -> Result<Dest, OobError> {
+        let mut theirs = [0u8; KEY_MSG];
+        self.xchg(&mine.to_wire(), &mut theirs)?;
+        Dest::parse(&theirs)
+    }
+
+    /// Step 5: the client's results for the server's (the server's are meaningless in a
+    /// half-duplex test; perftest's server sends whatever its report holds).
+    pub fn reports(&mut self, mine: &BwReport) -> Result<BwReport, OobError> {
+        let mut x = [0u8; 8];
+        let mut next = |me: &mut Self, v: u64| -> Result<u64, OobError> {
+            me.xchg(&v.to_be_bytes(), &mut x)?;
+            Ok(u64::from_be_bytes(x))
+        };
+        let size = next(self, mine.size)?;
+        let iters = if self.remote_version >= 5.33 {
+            next(self, mine.iters)?
+        } else {
+            0
+        };
+        let bw_peak = f64::from_bits(next(self, mine.bw_peak.to_bits())?);
+        let bw_avg = f64::from_bits(next(self, mine.bw_avg.to_bits())?);
+        let msg_rate = f64::from_bits(next(self, mine.msg_rate.to_bits())?);
+        Ok(BwReport {
+            size,
+            iters,
+            bw_peak,
+            bw_avg,
+            msg_rate,
+        })
+    }
+
+    /// Step 6: `done\0` each way (both write first: perftest's two sides do not agree on an
+    /// order here).
+    pub fn done(&mut self) -> Result<(), OobError> {
+        self.s.write_all(b"done\0")?;
+        self.s.flush()?;
+        let mut d = [0u8; 5];
+        self.s.read_exact(&mut d)?;
+        if &d != b"done\0" {
+            return Err(OobError::Malformed {
+                what: "closing message",
+                got: String::from_utf8_lossy(&d).into_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Which perftest test the exchange brackets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Test {
+    /// ib_write_bw.
+    Write,
+    /// ib_read_bw.
+    Read,
+    /// ib_send_bw.
+    Send,
+    /// ib_atomic_bw.
+    Atomic,
+}
+
+impl Test {
+    /// perftest's `out_reads` for it: READs and atomics let the peer have 16 (our
+    /// max_dest_rd_atomic) outstanding, WRITE and SEND 1.
+    pub fn out_reads(self) -> u16 {
+        match self {
+            Test::Read | Test::Atomic => 16,
+            Test::Write | Test::Send => 1,
+        }
+    }
+
+    /// Key exchanges before traffic: 3, or 4 for SEND (its server runs too and syncs once
+    /// more, after posting its receives).
+    fn barriers_before(self) -> usize {
+        if self == Test::Send { 4 } else { 3 }
+    }
+}
+
+/// What a bandwidth test's exchange gave.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BwOutcome {
+    /// The path MTU both use.
+    pub mtu: u32,
+    /// The peer's keys.
+    pub remote: Dest,
+    /// The client's results (the client's own, or on a server of a WRITE, READ or ATOMIC test
+    /// the ones it was sent; None on a SEND server, which measures for itself).
+    pub report: Option<BwReport>,
+}
+
+/// Runs perftest's exchange around one bandwidth test on one QP: `connect(mtu, remote)` moves
+/// our QP to RTS once the keys are known, `ready()` runs on the server just before the last
+/// barrier ahead of traffic (a SEND server posts its receives there), and `run()` is the test
+/// itself (the client's, and a SEND server's) towards the peer's keys, giving our results.
+pub fn bw_exchange<S: Read + Write, E: From<OobError>>(
+    oob: &mut Oob<S>,
+    test: Test,
+    mtu: u32,
+    mine: &Dest,
+    connect: impl FnOnce(u32, &Dest) -> Result<(), E>,
+    ready: impl FnOnce() -> Result<(), E>,
+    run: impl FnOnce(&Dest) -> Result<BwReport, E>,
+) -> Result<BwOutcome, E> {
+    let mtu = oob.setup(mtu)?;
+    let remote = oob.keys(mine)?;
+    connect(mtu, &remote)?;
+    for _ in 1..test.barriers_before() - 1 {
+        oob.keys(mine)?;
+    }
+    if oob.role == Role::Server {
+        ready()?;
+    }
+    oob.keys(mine)?;
+    let report = match (oob.role, test) {
+        (Role::Client, Test::Send) => Some(run(&remote)?),
+        (Role::Client, _) => {
+            let r = run(&remote)?;
+            oob.keys(mine)?;
+            oob.reports(&r)?;
+            Some(r)
+        }
+        (Role::Server, Test::Send) => Some(run(&remote)?),
+        (Role::Server, _) => {
+            // perftest's server waits in this barrier while the client runs.
+            oob.keys(mine)?;
+            Some(oob.reports(&BwReport {
+                size: 0,
+                iters: 0,
+                bw_peak: 0.0,
+                bw_avg: 0.0,
+                msg_rate: 0.0,
+            })?)
+        }
+    };
+    oob.keys(mine)?;
+    oob.done()?;
+    Ok(BwOutcome {
+        mtu,
+        remote,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// A stream that reads what one side of a capture sent and keeps what we write.
+    struct Replay {
+        input: Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+
+    impl Read for Replay {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            self.input.read(b)
+        }
+    }
+
+    impl Write for Replay {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.output.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The TCP payload bytes of a capture, client to server (to port 18515) and back.
+    fn tcp_streams(name: &str) -> (Vec<u8>, Vec<u8>) {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/rxe")
+            .join(name);
+        let mut r = pcap_file::pcap::PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
+        let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+        while let Some(p) = r.next_packet() {
+            let f = p.unwrap().data.into_owned();
+            // Ethernet, IPv4 (no options in these captures) carrying TCP.
+            if f.len() < 34 || f[12..14] != [0x08, 0x00] || f[23] != 6 {
+                continue;
+            }
+            let ihl = (f[14] & 0xf) as usize * 4;
+            let tcp = &f[14 + ihl..];
+            let total = u16::from_be_bytes([f[16], f[17]]) as usize;
+            let off = (tcp[12] >> 4) as usize * 4;
+            let payload = &tcp[off..total - ihl];
+            let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
+            if dport == PORT {
+                to_server.extend_from_slice(payload);
+            } else {
+                to_client.extend_from_slice(payload);
+            }
+        }
+        (to_server, to_client)
+    }
+
+    fn dest(qpn: u32) -> Dest {
+        Dest {
+            lid: 0,
+            out_reads: 1,
+            qpn,
+            psn: 0x123456,
+            rkey: 0x99,
+            vaddr: 0x7f00_0000_0000,
+            gid: "::ffff:10.233.0.1".parse().unwrap(),
+            srqn: 0,
+        }
+    }
+
+    /// Plays one role against the other role's bytes from a capture: everything the peer sent
+    /// is consumed, and we sent exactly as many bytes as the peer's counterpart did.
+    fn replay(name: &str, test: Test, role: Role) -> (BwOutcome, bool) {
+        let (to_server, to_client) = tcp_streams(name);
+        let (input, theirs_out) = match role {
+            Role::Server => (to_server, to_client),
+            Role::Client => (to_client, to_server),
+        };
+        let mut oob = Oob::new(
+            Replay {
+                input: Cursor::new(input.clone()),
+                output: Vec::new(),
+            },
+            role,
+        );
+        let mut ran = false;
+        let out = bw_exchange::<_, OobError>(
+            &mut oob,
+            test,
+            4096,
+            &dest(0x77),
+            |mtu, _| {
+                let want = if name.starts_with("mtu4k") {
+                    4096
+                } else {
+                    1024
+                };
+                assert_eq!(mtu, want, "{name}: the MTU the peer asked for");
+                Ok(())
+            },
+            || Ok(()),
+            |_| {
+                ran = true;
+                Ok(BwReport {
+                    size: 4096,
+                    iters: 20,
+                    bw_peak: 1.0,
+                    bw_avg: 1.0,
+                    msg_rate: 0.5,
+                })
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"));
+        assert_eq!(
+            oob.s.input.position() as usize,
+            input.len(),
+            "{name} as {role:?}: all the peer sent was read"
+        );
+        assert_eq!(
+            oob.s.output.len(),
+            theirs_out.len(),
+            "{name} as {role:?}: we sent what the peer's counterpart sent"
+        );
+        (out, ran)
+    }
+
+    #[test]
+    fn bandwidth_exchanges_replay_against_perftest_captures() {
+        for (name, test) in [
+            ("write_bw.pcap", Test::Write),
+            ("read_bw.pcap", Test::Read),
+            ("atomic_fa.pcap", Test::Atomic),
+            ("atomic_cs.pcap", Test::Atomic),
+            ("mtu4k_write_bw.pcap", Test::Write),
+        ] {
+            let (out, ran) = replay(name, test, Role::Server);
+            assert!(!ran, "a {test:?} server does not run traffic");
+            let r = out.report.unwrap();
+            assert_eq!(r.iters, 20, "{name}: the client's iterations reached us");
+            assert!(r.bw_avg > 0.0 && r.msg_rate > 0.0, "{name}: {r:?}");
+            assert_eq!(
+                out.remote.gid,
+                "::ffff:10.233.0.10".parse::<Ipv6Addr>().unwrap()
+            );
+            let (out, ran) = replay(name, test, Role::Client);
+            assert!(ran);
+            assert_eq!(
+                out.remote.gid,
+                "::ffff:10.233.0.11".parse::<Ipv6Addr>().unwrap()
+            );
+        }
+        let (out, _) = replay("write_bw.pcap", Test::Write, Role::Server);
+        assert_eq!(out.report.unwrap().size, 4096);
+        assert_eq!((out.remote.qpn, out.remote.rkey), (0x14, 0x53e));
+        let (out, _) = replay("mtu4k_write_bw.pcap", Test::Write, Role::Server);
+        assert_eq!(out.report.unwrap().size, 65536);
+        for role in [Role::Server, Role::Client] {
+            let (out, ran) = replay("send_bw.pcap", Test::Send, role);
+            assert!(ran, "both sides of a SEND test run");
+            assert_eq!(out.remote.rkey, 0, "SEND tests send no rkey");
+        }
+    }
+
+    #[test]
+    fn a_peer_that_is_not_perftest_is_refused() {
+        let mut oob = Oob::new(
+            Replay {
+                input: Cursor::new(b"HTTP/1.1 200 OK\r\n\r\n".to_vec()),
+                output: Vec::new(),
+            },
+            Role::Client,
+        );
+        assert!(matches!(
+            oob.setup(1024),
+            Err(OobError::Malformed {
+                what: "version",
+                ..
+            })
+        ));
+        let mut oob = Oob::new(
+            Replay {
+                input: Cursor::new(b"6.06".to_vec()),
+                output: Vec::new(),
+            },
+            Role::Client,
+        );
+        assert!(matches!(oob.setup(1024), Err(OobError::Io(_))), "cut short");
+    }
+
+    /// The client's keys from `write_bw.pcap`, as sent.
+    const CLIENT_KEYS: &[u8] = b"0000:0001:000014:30abb8:0000053e:000055ef3d363000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:e9:00:0a:00000000:\0";
+
+    #[test]
+    fn key_messages_parse_and_print_as_perftest_does() {
+        assert_eq!(CLIENT_KEYS.len(), KEY_MSG);
+        let d = Dest::parse(CLIENT_KEYS).unwrap();
+        assert_eq!(
+            d,
+            Dest {
+                lid: 0,
+                out_reads: 1,
+                qpn: 0x14,
+                psn: 0x30abb8,
+                rkey: 0x53e,
+                vaddr: 0x55ef3d363000,
+                gid: "::ffff:10.233.0.10".parse().unwrap(),
+                srqn: 0,
+            }
+        );
+        assert_eq!(&d.to_wire()[..], CLIENT_KEYS);
+        for bad in [
+            &b"0000:0001:000014"[..],
+            b"zzzz:0001:000014:30abb8:0000053e:000055ef3d363000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:e9:00:0a:00000000:\0",
+            b"0000:0001:000014:30abb8:0000053e:000055ef3d363000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:e9:00:0a:00000000\0",
+            b"0000:0001:1000014:30abb8:0000053e:000055ef3d363000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:e9:00:0a:00000000:\0",
+        ] {
+            assert!(Dest::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn mtu_enums_match_ibv_mtu() {
+        for (b, e) in [(256, 1), (512, 2), (1024, 3), (2048, 4), (4096, 5)] {
+            assert_eq!(mtu_enum(b), Some(e));
+            assert_eq!(mtu_bytes(e), Some(b));
+        }
+        assert_eq!(mtu_enum(1500), None);
+        assert_eq!(mtu_bytes(0), None);
+        assert_eq!(mtu_bytes(6), None);
+    }
+}
