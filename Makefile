@@ -3,7 +3,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build run test lint bench clean
+.PHONY: setup build run test lint bench interop clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,18 @@ test: lint
 	@ROCED=target/debug/roced ROCECTL=target/debug/rocectl bash scripts/demo.sh >target/demo.log 2>&1 \
 		|| { cat target/demo.log; echo "make test: the demo (scripts/demo.sh) failed"; exit 1; }
 	@echo "make test: the demo (scripts/demo.sh) passed; its output is in target/demo.log"
+	@# ferroce against Linux Soft-RoCE in a VM (unmodified perftest), on the test build.
+	@bash tests/interop/setup.sh >target/interop-setup.log 2>&1 \
+		|| { cat target/interop-setup.log; echo "make test: tests/interop/setup.sh failed"; exit 1; }
+	@ROCED=target/debug/roced ROCECTL=target/debug/rocectl python3 tests/interop/run.py >target/interop.log 2>&1; \
+		rc=$$?; sed -n '1,/ passed, /p' target/interop.log; \
+		if [ $$rc -ne 0 ]; then cat target/interop.log; echo "make test: Soft-RoCE interop failed"; exit 1; fi
+	@echo "make test: Soft-RoCE interop passed; the tools' output is in target/interop.log"
+
+# ferroce against Linux Soft-RoCE peers (QEMU VMs) with unmodified perftest, on the release build.
+interop: build
+	@bash tests/interop/setup.sh
+	python3 tests/interop/run.py
 
 bench: build
 	@bash bench/forwarding.sh
