@@ -1,12 +1,16 @@
-//! `rocectl perf`: perftest's bandwidth tests on a ferroce node, with perftest's connection
-//! exchange ([`crate::perftest`]) so that the peer can be another ferroce node or an unmodified
-//! `ib_write_bw` / `ib_read_bw` / `ib_atomic_bw`.
+//! `rocectl perf`: perftest's bandwidth and latency tests on a ferroce node, with perftest's
+//! connection exchange ([`crate::perftest`]) so that the peer can be another ferroce node or an
+//! unmodified `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat`,
+//! `ib_send_lat` or `ib_atomic_lat`.
 //!
 //! rocectl does what perftest's process does, through roced's API: it registers a buffer,
 //! creates a QP, trades keys with the peer over TCP, connects the QP, and (as the client) has
 //! the QP's lcore post the work requests itself (`/v1/qps/N/stream`: no API round trip per
 //! message). The figures are perftest's: MB/sec is 2^20 bytes per second, MsgRate millions of
 //! messages per second, from the first post to the last completion as the lcore clocks them.
+//! Latency tests run perftest's loops on the lcore (`/v1/qps/N/latency`), which reports when
+//! each iteration was posted; the differences are the round trips (halved for the WRITE and
+//! SEND ping-pongs, as perftest does), summarised through an HdrHistogram.
 
 use crate::ctl::{Client, Fail};
 use crate::perftest::{BwReport, Dest, Oob, OobError, Role, Test};
@@ -25,6 +29,8 @@ pub enum PerfOp {
     Read,
     /// 8-byte atomics (ib_atomic_bw).
     Atomic,
+    /// SEND into posted receives (ib_send_lat).
+    Send,
 }
 
 /// What to measure.
@@ -32,6 +38,8 @@ pub enum PerfOp {
 pub enum PerfKind {
     /// Bandwidth and message rate, `--tx-depth` outstanding.
     Bw,
+    /// Latency: one message at a time (ping-pong for WRITE and SEND).
+    Lat,
 }
 
 /// The atomic operation of an atomic test (perftest's `-A`).
@@ -56,12 +64,13 @@ pub struct PerfArgs {
     /// Wait for a client (perftest's default role without a host).
     #[arg(long)]
     pub server: bool,
-    /// Message size in bytes (K, M suffixes); atomics are always 8.
-    #[arg(long, short = 's', value_parser = crate::ctl::parse_size, default_value = "65536")]
-    pub size: u64,
-    /// Messages to send.
-    #[arg(long, short = 'n', default_value_t = 5000)]
-    pub iters: u64,
+    /// Message size in bytes (K, M suffixes); atomics are always 8. Default: 65536 for
+    /// bandwidth, 2 for latency (perftest's).
+    #[arg(long, short = 's', value_parser = crate::ctl::parse_size)]
+    pub size: Option<u64>,
+    /// Messages to send. Default: 5000 for bandwidth, 1000 for latency.
+    #[arg(long, short = 'n')]
+    pub iters: Option<u64>,
     /// Work requests outstanding at once.
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
@@ -98,23 +107,37 @@ impl PerfArgs {
             PerfOp::Write => Test::Write,
             PerfOp::Read => Test::Read,
             PerfOp::Atomic => Test::Atomic,
+            PerfOp::Send => Test::Send,
         }
     }
 
     fn size(&self) -> u64 {
-        if self.op == PerfOp::Atomic {
-            8
-        } else {
-            self.size
+        match (self.op, self.kind) {
+            (PerfOp::Atomic, _) => 8,
+            (_, PerfKind::Bw) => self.size.unwrap_or(65536),
+            (_, PerfKind::Lat) => self.size.unwrap_or(2),
         }
     }
 
-    fn title(&self) -> &'static str {
-        match self.op {
-            PerfOp::Write => "RDMA_Write BW Test",
-            PerfOp::Read => "RDMA_Read BW Test",
-            PerfOp::Atomic => "Atomic BW Test",
-        }
+    fn iters(&self) -> u64 {
+        self.iters.unwrap_or(match self.kind {
+            PerfKind::Bw => 5000,
+            PerfKind::Lat => 1000,
+        })
+    }
+
+    fn title(&self) -> String {
+        let op = match self.op {
+            PerfOp::Write => "RDMA_Write",
+            PerfOp::Read => "RDMA_Read",
+            PerfOp::Atomic => "Atomic",
+            PerfOp::Send => "Send",
+        };
+        let kind = match self.kind {
+            PerfKind::Bw => "BW",
+            PerfKind::Lat => "Latency",
+        };
+        format!("{op} {kind} Test")
     }
 }
 
@@ -194,16 +217,21 @@ fn connect_oob(a: &PerfArgs) -> Result<(TcpStream, Role), Fail> {
     Ok((s, role))
 }
 
-/// Runs one perf test; prints perftest's header and result line (or JSON).
+/// Runs one perf test; prints perftest's header and results (or JSON).
 pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) -> Result<u8, Fail> {
-    let io = |e: std::io::Error| Fail(2, e.to_string());
     if crate::perftest::mtu_enum(a.mtu).is_none() {
         return Err(Fail(2, "--mtu is 256, 512, 1024, 2048 or 4096".into()));
     }
-    if a.iters == 0 || a.tx_depth == 0 || a.size() == 0 {
+    if a.iters() == 0 || a.tx_depth == 0 || a.size() == 0 {
         return Err(Fail(
             2,
             "--size, --iters and --tx-depth must be above 0".into(),
+        ));
+    }
+    if (a.op, a.kind) == (PerfOp::Send, PerfKind::Bw) {
+        return Err(Fail(
+            2,
+            "rocectl perf has no SEND bandwidth test yet: send lat, or write/read/atomic bw".into(),
         ));
     }
     let port = c.call("GET", &format!("/v1/ports/{}", a.port), None)?;
@@ -225,8 +253,9 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             )
         })?;
     let size = a.size();
-    // perftest's buffer: twice the larger of the message and a page.
-    let len = size.max(4096) * 2;
+    // perftest's buffer: twice the larger of the message and a page: what we send from, then
+    // where the peer's messages land (the address we give it).
+    let half = size.max(4096);
     let mut made = Created {
         c,
         mr: None,
@@ -235,18 +264,21 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     let mr = c.call(
         "POST",
         "/v1/mrs",
-        Some(json!({"length": len,
+        Some(json!({"length": half * 2,
             "access": ["local-write", "remote-write", "remote-read", "remote-atomic"]})),
     )?;
-    let (lkey, addr) = (
-        mr["lkey"].as_u64().unwrap_or(0) as u32,
-        mr["addr"].as_u64().unwrap_or(0),
-    );
-    made.mr = Some(lkey);
+    let buf = Buf {
+        lkey: mr["lkey"].as_u64().unwrap_or(0) as u32,
+        addr: mr["addr"].as_u64().unwrap_or(0),
+        half,
+        size,
+    };
+    made.mr = Some(buf.lkey);
+    let rx_depth = a.iters().min(RX_DEPTH);
     let qp = c.call(
         "POST",
         "/v1/qps",
-        Some(json!({"max_send_wr": a.tx_depth, "max_recv_wr": 16})),
+        Some(json!({"max_send_wr": a.tx_depth, "max_recv_wr": rx_depth})),
     )?;
     let qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
     made.qp = Some(qpn);
@@ -256,82 +288,260 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         out_reads: test.out_reads(),
         qpn,
         psn: random_psn(),
-        rkey: lkey,
-        vaddr: addr,
+        rkey: if test == Test::Send { 0 } else { buf.lkey },
+        vaddr: buf.addr + half,
         gid,
         srqn: 0,
     };
     let (stream, role) = connect_oob(a)?;
     let mut oob = Oob::new(stream, role);
-    let outcome = crate::perftest::bw_exchange(
+    let connect = |mtu, remote: &Dest| {
+        let rgid = IpAddr::V6(remote.gid).to_canonical();
+        c.call(
+            "POST",
+            &format!("/v1/qps/{qpn}/connect"),
+            Some(
+                json!({"remote_qpn": remote.qpn, "remote_gid": rgid.to_string(),
+                "remote_psn": remote.psn, "local_psn": mine.psn, "mtu": mtu,
+                "max_rd_atomic": remote.out_reads.clamp(1, 16),
+                "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+                "access": ["remote-write", "remote-read", "remote-atomic"]}),
+            ),
+        )
+        .map(drop)
+    };
+    if a.kind == PerfKind::Lat {
+        let o = crate::perftest::lat_exchange(
+            &mut oob,
+            test,
+            a.mtu,
+            &mine,
+            connect,
+            || post_receives(c, a, qpn, &buf, rx_depth),
+            |remote| run_latency(c, a, qpn, &buf, remote, role, rx_depth),
+        )?;
+        return print_latency(a, role, &mine, &o, json, out);
+    }
+    let o = crate::perftest::bw_exchange(
         &mut oob,
         test,
         a.mtu,
         &mine,
-        |mtu, remote: &Dest| {
-            let rgid = IpAddr::V6(remote.gid).to_canonical();
-            c.call(
-                "POST",
-                &format!("/v1/qps/{qpn}/connect"),
-                Some(
-                    json!({"remote_qpn": remote.qpn, "remote_gid": rgid.to_string(),
-                    "remote_psn": remote.psn, "local_psn": mine.psn, "mtu": mtu,
-                    "max_rd_atomic": remote.out_reads.clamp(1, 16),
-                    "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
-                    "access": ["remote-write", "remote-read", "remote-atomic"]}),
-                ),
-            )
-            .map(drop)
-        },
+        connect,
         || Ok(()),
-        |remote| run_client(c, a, qpn, lkey, addr, remote),
+        |remote| run_bandwidth(c, a, qpn, &buf, remote),
     )?;
-    let r = outcome.report.unwrap_or(BwReport {
+    print_bandwidth(a, role, &mine, &o, json, out)
+}
+
+/// Receives kept posted by a SEND latency test.
+const RX_DEPTH: u64 = 128;
+
+/// The test's buffer: messages go out from its first half and come into its second.
+struct Buf {
+    lkey: u32,
+    addr: u64,
+    half: u64,
+    size: u64,
+}
+
+impl Buf {
+    fn sge(&self, addr: u64) -> Value {
+        json!([{"addr": addr, "length": self.size, "lkey": self.lkey}])
+    }
+}
+
+/// The request a test posts, towards the peer's buffer.
+fn request(a: &PerfArgs, b: &Buf, remote: &Dest) -> Value {
+    let mut r = json!({"wr_id": 1, "sge": b.sge(b.addr), "remote_addr": remote.vaddr,
+                       "rkey": remote.rkey});
+    match (a.op, a.atomic) {
+        (PerfOp::Write, _) => r["opcode"] = json!("write"),
+        (PerfOp::Read, _) => r["opcode"] = json!("read"),
+        (PerfOp::Send, _) => r = json!({"wr_id": 1, "opcode": "send", "sge": b.sge(b.addr)}),
+        (PerfOp::Atomic, AtomicOp::FetchAdd) => {
+            r["opcode"] = json!("fetch-add");
+            r["add"] = json!(1);
+        }
+        (PerfOp::Atomic, AtomicOp::CmpSwap) => {
+            r["opcode"] = json!("cmp-swap");
+            r["compare"] = json!(0);
+            r["swap"] = json!(0);
+        }
+    }
+    r
+}
+
+/// The bandwidth client: the QP's lcore posts the requests, `tx_depth` outstanding.
+fn run_bandwidth(
+    c: &Client,
+    a: &PerfArgs,
+    qpn: u32,
+    buf: &Buf,
+    remote: &Dest,
+) -> Result<BwReport, Fail> {
+    let size = a.size();
+    let mut b = request(a, buf, remote);
+    b["count"] = json!(a.iters());
+    b["depth"] = json!(a.tx_depth.min(16384));
+    b["timeout_ms"] = json!(600_000);
+    let r = c.call("POST", &format!("/v1/qps/{qpn}/stream"), Some(b))?;
+    let done = r["completed"].as_u64().unwrap_or(0);
+    let errors = r["errors"].as_u64().unwrap_or(0);
+    let secs = r["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
+    if errors > 0 || done != a.iters() || secs <= 0.0 {
+        return Err(Fail(
+            1,
+            format!(
+                "the test failed: {done} of {} work requests completed, {errors} in error",
+                a.iters()
+            ),
+        ));
+    }
+    let bw = size as f64 * done as f64 / secs / 1048576.0;
+    let best = r["best_ns_per_wr"]
+        .as_f64()
+        .unwrap_or(secs * 1e9 / done as f64);
+    Ok(BwReport {
         size,
+        iters: done,
+        bw_peak: size as f64 / (best / 1e9) / 1048576.0,
+        bw_avg: bw,
+        msg_rate: done as f64 / secs / 1e6,
+    })
+}
+
+/// SEND latency: the receives that must be there before the peer's first message.
+fn post_receives(c: &Client, a: &PerfArgs, qpn: u32, b: &Buf, n: u64) -> Result<(), Fail> {
+    if a.op != PerfOp::Send {
+        return Ok(());
+    }
+    for i in 0..n {
+        c.call(
+            "POST",
+            &format!("/v1/qps/{qpn}/recv"),
+            Some(json!({"wr_id": 1_000_000 + i, "sge": b.sge(b.addr + b.half)})),
+        )?;
+    }
+    Ok(())
+}
+
+/// This side's latency test on the QP's lcore; when each iteration was posted.
+fn run_latency(
+    c: &Client,
+    a: &PerfArgs,
+    qpn: u32,
+    b: &Buf,
+    remote: &Dest,
+    role: Role,
+    rx_depth: u64,
+) -> Result<Vec<u64>, Fail> {
+    let mut body = json!({"wr": request(a, b, remote), "iters": a.iters(),
+                          "server": role == Role::Server, "timeout_ms": 600_000});
+    match a.op {
+        PerfOp::Read | PerfOp::Atomic => body["test"] = json!("request"),
+        PerfOp::Write => {
+            body["test"] = json!("write");
+            body["poll"] = json!({"lkey": b.lkey, "addr": b.addr + b.half + b.size - 1});
+            body["mark"] = json!({"lkey": b.lkey, "addr": b.addr + b.size - 1});
+        }
+        PerfOp::Send => {
+            body["test"] = json!("send");
+            body["recv"] = b.sge(b.addr + b.half);
+            body["rx_depth"] = json!(rx_depth);
+        }
+    }
+    let r = c.call("POST", &format!("/v1/qps/{qpn}/latency"), Some(body))?;
+    let posted: Vec<u64> = r["posted_ns"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let errors = r["errors"].as_u64().unwrap_or(0);
+    if errors > 0 || posted.len() as u64 != a.iters() {
+        return Err(Fail(
+            1,
+            format!(
+                "the test failed: {} of {} iterations posted, {errors} in error ({})",
+                posted.len(),
+                a.iters(),
+                r["failure"].as_str().unwrap_or("no reason given")
+            ),
+        ));
+    }
+    Ok(posted)
+}
+
+/// Latency figures in microseconds, as perftest prints them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LatStats {
+    min: f64,
+    max: f64,
+    typical: f64,
+    avg: f64,
+    stdev: f64,
+    p99: f64,
+    p999: f64,
+}
+
+/// perftest's summary of a latency run: the differences between consecutive posts (halved
+/// for ping-pongs), through an HdrHistogram (ns, 3 significant digits).
+fn lat_stats(posted_ns: &[u64], halve: bool) -> Option<LatStats> {
+    let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
+    for w in posted_ns.windows(2) {
+        let d = w[1].saturating_sub(w[0]);
+        h.saturating_record(if halve { d / 2 } else { d }.max(1));
+    }
+    if h.is_empty() {
+        return None;
+    }
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Some(LatStats {
+        min: us(h.min()),
+        max: us(h.max()),
+        typical: us(h.value_at_quantile(0.5)),
+        avg: h.mean() / 1000.0,
+        stdev: h.stdev() / 1000.0,
+        p99: us(h.value_at_quantile(0.99)),
+        p999: us(h.value_at_quantile(0.999)),
+    })
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Client => "client",
+        Role::Server => "server",
+    }
+}
+
+fn io(e: std::io::Error) -> Fail {
+    Fail(2, e.to_string())
+}
+
+fn print_bandwidth(
+    a: &PerfArgs,
+    role: Role,
+    mine: &Dest,
+    o: &crate::perftest::BwOutcome,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let r = o.report.unwrap_or(BwReport {
+        size: a.size(),
         iters: 0,
         bw_peak: 0.0,
         bw_avg: 0.0,
         msg_rate: 0.0,
     });
     if json {
-        let v = json!({"test": a.title(), "role": if role == Role::Client { "client" } else { "server" },
-            "mtu": outcome.mtu, "local": dest_json(&mine), "remote": dest_json(&outcome.remote),
+        let v = json!({"test": a.title(), "role": role_name(role),
+            "mtu": o.mtu, "local": dest_json(mine), "remote": dest_json(&o.remote),
             "bytes": r.size, "iterations": r.iters, "bw_peak_mb_s": r.bw_peak,
             "bw_avg_mb_s": r.bw_avg, "msg_rate_mpps": r.msg_rate,
             "gbit_s": r.bw_avg * 1048576.0 * 8.0 / 1e9});
         writeln!(out, "{v}").map_err(io)?;
         return Ok(0);
     }
-    let line = "-".repeat(87);
-    writeln!(out, "{line}").map_err(io)?;
-    writeln!(out, "{:>32}", a.title()).map_err(io)?;
-    writeln!(
-        out,
-        " Number of qps   : 1\t\tTransport type : IB (RoCEv2, ferroce)"
-    )
-    .map_err(io)?;
-    writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF").map_err(io)?;
-    if role == Role::Client {
-        writeln!(out, " TX depth        : {}", a.tx_depth).map_err(io)?;
-    }
-    writeln!(out, " Mtu             : {}[B]", outcome.mtu).map_err(io)?;
-    writeln!(out, " Link type       : Ethernet").map_err(io)?;
-    writeln!(out, " GID index       : {}", a.gid_index).map_err(io)?;
-    if a.op == PerfOp::Atomic {
-        writeln!(out, " Atomic op       : {:?}", a.atomic).map_err(io)?;
-    }
-    writeln!(out, " Data ex. method : Ethernet").map_err(io)?;
-    writeln!(out, "{line}").map_err(io)?;
-    for (what, d) in [("local", &mine), ("remote", &outcome.remote)] {
-        writeln!(
-            out,
-            " {what} address: LID {:04x} QPN {:#06x} PSN {:#x} RKey {:#08x} VAddr {:#016x}",
-            d.lid, d.qpn, d.psn, d.rkey, d.vaddr
-        )
-        .map_err(io)?;
-        writeln!(out, " GID: {}", gid_text(&d.gid)).map_err(io)?;
-    }
-    writeln!(out, "{line}").map_err(io)?;
+    header(a, role, o.mtu, mine, &o.remote, out).map_err(io)?;
     writeln!(
         out,
         " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
@@ -343,8 +553,95 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
     )
     .map_err(io)?;
-    writeln!(out, "{line}").map_err(io)?;
+    writeln!(out, "{}", "-".repeat(87)).map_err(io)?;
     Ok(0)
+}
+
+fn print_latency(
+    a: &PerfArgs,
+    role: Role,
+    mine: &Dest,
+    o: &crate::perftest::LatOutcome<Vec<u64>>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let halve = matches!(a.op, PerfOp::Write | PerfOp::Send);
+    let st = o.result.as_deref().and_then(|p| lat_stats(p, halve));
+    if json {
+        let v = json!({"test": a.title(), "role": role_name(role), "mtu": o.mtu,
+            "local": dest_json(mine), "remote": dest_json(&o.remote), "bytes": a.size(),
+            "iterations": a.iters(), "half_round_trip": halve,
+            "latency_us": st.map(|s| json!({"min": s.min, "max": s.max, "typical": s.typical,
+                "avg": s.avg, "stdev": s.stdev, "p99": s.p99, "p99_9": s.p999}))});
+        writeln!(out, "{v}").map_err(io)?;
+        return Ok(0);
+    }
+    header(a, role, o.mtu, mine, &o.remote, out).map_err(io)?;
+    match st {
+        Some(s) => {
+            writeln!(
+                out,
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+            )
+            .map_err(io)?;
+            writeln!(
+                out,
+                " {:<7} {:<10}  {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+                a.size(),
+                a.iters(),
+                s.min,
+                s.max,
+                s.typical,
+                s.avg,
+                s.stdev,
+                s.p99,
+                s.p999
+            )
+            .map_err(io)?;
+        }
+        None => writeln!(out, " (the client measures this test)").map_err(io)?,
+    }
+    writeln!(out, "{}", "-".repeat(87)).map_err(io)?;
+    Ok(0)
+}
+
+/// The lines perftest prints before its results.
+fn header(
+    a: &PerfArgs,
+    role: Role,
+    mtu: u32,
+    mine: &Dest,
+    remote: &Dest,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let line = "-".repeat(87);
+    writeln!(out, "{line}")?;
+    writeln!(out, "{:>36}", a.title())?;
+    writeln!(
+        out,
+        " Number of qps   : 1\t\tTransport type : IB (RoCEv2, ferroce)"
+    )?;
+    writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF")?;
+    if role == Role::Client && a.kind == PerfKind::Bw {
+        writeln!(out, " TX depth        : {}", a.tx_depth)?;
+    }
+    writeln!(out, " Mtu             : {mtu}[B]")?;
+    writeln!(out, " Link type       : Ethernet")?;
+    writeln!(out, " GID index       : {}", a.gid_index)?;
+    if a.op == PerfOp::Atomic {
+        writeln!(out, " Atomic op       : {:?}", a.atomic)?;
+    }
+    writeln!(out, " Data ex. method : Ethernet")?;
+    writeln!(out, "{line}")?;
+    for (what, d) in [("local", mine), ("remote", remote)] {
+        writeln!(
+            out,
+            " {what} address: LID {:04x} QPN {:#06x} PSN {:#x} RKey {:#08x} VAddr {:#016x}",
+            d.lid, d.qpn, d.psn, d.rkey, d.vaddr
+        )?;
+        writeln!(out, " GID: {}", gid_text(&d.gid))?;
+    }
+    writeln!(out, "{line}")
 }
 
 /// A GID as perftest prints it: the 16 bytes in decimal, at least two digits each.
@@ -361,54 +658,33 @@ fn dest_json(d: &Dest) -> Value {
            "gid": d.gid.to_string(), "out_reads": d.out_reads})
 }
 
-/// The client's test: the QP's lcore posts `iters` work requests, `tx_depth` outstanding.
-fn run_client(
-    c: &Client,
-    a: &PerfArgs,
-    qpn: u32,
-    lkey: u32,
-    addr: u64,
-    remote: &Dest,
-) -> Result<BwReport, Fail> {
-    let size = a.size();
-    let mut b = json!({"wr_id": 1, "sge": [{"addr": addr, "length": size, "lkey": lkey}],
-        "remote_addr": remote.vaddr, "rkey": remote.rkey, "count": a.iters,
-        "depth": a.tx_depth.min(16384), "timeout_ms": 600_000});
-    match (a.op, a.atomic) {
-        (PerfOp::Write, _) => b["opcode"] = json!("write"),
-        (PerfOp::Read, _) => b["opcode"] = json!("read"),
-        (PerfOp::Atomic, AtomicOp::FetchAdd) => {
-            b["opcode"] = json!("fetch-add");
-            b["add"] = json!(1);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_figures_follow_perftest() {
+        // Posts 10 us apart: a ping-pong's half round trip is 5 us, a READ's round trip 10.
+        let posted: Vec<u64> = (0..101).map(|i| i * 10_000).collect();
+        let s = lat_stats(&posted, true).unwrap();
+        assert!(
+            (s.typical - 5.0).abs() < 0.01 && (s.min - 5.0).abs() < 0.01,
+            "{s:?}"
+        );
+        assert!(s.stdev < 0.01);
+        let s = lat_stats(&posted, false).unwrap();
+        assert!((s.avg - 10.0).abs() < 0.01, "{s:?}");
+        // One slow iteration shows in the maximum and the tail, not in the median.
+        let mut p = posted.clone();
+        for x in p.iter_mut().skip(50) {
+            *x += 1_000_000;
         }
-        (PerfOp::Atomic, AtomicOp::CmpSwap) => {
-            b["opcode"] = json!("cmp-swap");
-            b["compare"] = json!(0);
-            b["swap"] = json!(0);
-        }
+        let s = lat_stats(&p, false).unwrap();
+        assert!(
+            (s.max - 1010.0).abs() < 1.0 && (s.typical - 10.0).abs() < 0.01,
+            "{s:?}"
+        );
+        assert!(s.p999 > 1000.0 && s.p99 < 11.0, "{s:?}");
+        assert_eq!(lat_stats(&[5], true), None, "one post has no round trip");
     }
-    let r = c.call("POST", &format!("/v1/qps/{qpn}/stream"), Some(b))?;
-    let done = r["completed"].as_u64().unwrap_or(0);
-    let errors = r["errors"].as_u64().unwrap_or(0);
-    let secs = r["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
-    if errors > 0 || done != a.iters || secs <= 0.0 {
-        return Err(Fail(
-            1,
-            format!(
-                "the test failed: {done} of {} work requests completed, {errors} in error",
-                a.iters
-            ),
-        ));
-    }
-    let bw = size as f64 * done as f64 / secs / 1048576.0;
-    let best = r["best_ns_per_wr"]
-        .as_f64()
-        .unwrap_or(secs * 1e9 / done as f64);
-    Ok(BwReport {
-        size,
-        iters: done,
-        bw_peak: size as f64 / (best / 1e9) / 1048576.0,
-        bw_avg: bw,
-        msg_rate: done as f64 / secs / 1e6,
-    })
 }

@@ -11,8 +11,9 @@
 //! 3. (>= 5.31) the MTU as the `ibv_mtu` enum in decimal, 2 bytes (`"3\0"` is 1024); both use
 //!    the smaller;
 //! 4. the QP's keys, 108 bytes of text ([`Dest`]), once per QP and then again as a barrier: a
-//!    bandwidth test sends them 3 times before traffic (SEND tests 4, because the server runs
-//!    too), once after it, and once on closing;
+//!    WRITE, READ or ATOMIC bandwidth test sends them 3 times before traffic, once after it and
+//!    once on closing; SEND bandwidth and every latency test 4 times before traffic and once
+//!    on closing, except WRITE latency, which closes without a word;
 //! 5. (WRITE, READ and ATOMIC bandwidth tests) the client's results, 8-byte big-endian fields
 //!    (size, iterations, peak, average, message rate), which the server prints as its own;
 //! 6. `done\0` each way.
@@ -330,6 +331,54 @@ pub struct BwOutcome {
     pub report: Option<BwReport>,
 }
 
+/// What a latency test's exchange gave.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatOutcome<R> {
+    /// The path MTU both use.
+    pub mtu: u32,
+    /// The peer's keys.
+    pub remote: Dest,
+    /// Our run's result (None on a READ or ATOMIC server, which only answers).
+    pub result: Option<R>,
+}
+
+/// Runs perftest's exchange around one latency test on one QP: `connect(mtu, remote)` once
+/// the keys are known, `ready()` on both sides before the last barrier ahead of traffic (SEND
+/// posts its receives there), `run(remote)` the test (both sides of WRITE and SEND
+/// ping-pongs; the client of READ and ATOMIC).
+pub fn lat_exchange<S: Read + Write, E: From<OobError>, R>(
+    oob: &mut Oob<S>,
+    test: Test,
+    mtu: u32,
+    mine: &Dest,
+    connect: impl FnOnce(u32, &Dest) -> Result<(), E>,
+    ready: impl FnOnce() -> Result<(), E>,
+    run: impl FnOnce(&Dest) -> Result<R, E>,
+) -> Result<LatOutcome<R>, E> {
+    let mtu = oob.setup(mtu)?;
+    let remote = oob.keys(mine)?;
+    connect(mtu, &remote)?;
+    oob.keys(mine)?;
+    oob.keys(mine)?;
+    ready()?;
+    oob.keys(mine)?;
+    let both = matches!(test, Test::Write | Test::Send);
+    let result = if both || oob.role == Role::Client {
+        Some(run(&remote)?)
+    } else {
+        None
+    };
+    if test != Test::Write {
+        oob.keys(mine)?;
+        oob.done()?;
+    }
+    Ok(LatOutcome {
+        mtu,
+        remote,
+        result,
+    })
+}
+
 /// Runs perftest's exchange around one bandwidth test on one QP: `connect(mtu, remote)` moves
 /// our QP to RTS once the keys are known, `ready()` runs on the server just before the last
 /// barrier ahead of traffic (a SEND server posts its receives there), and `run()` is the test
@@ -410,7 +459,8 @@ mod tests {
         }
     }
 
-    /// The TCP payload bytes of a capture, client to server (to port 18515) and back.
+    /// The TCP payload bytes of a capture (a name in tests/data/rxe, or a path), client to
+    /// server (to port 18515) and back.
     fn tcp_streams(name: &str) -> (Vec<u8>, Vec<u8>) {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/data/rxe")
@@ -541,6 +591,69 @@ mod tests {
             let (out, ran) = replay("send_bw.pcap", Test::Send, role);
             assert!(ran, "both sides of a SEND test run");
             assert_eq!(out.remote.rkey, 0, "SEND tests send no rkey");
+        }
+    }
+
+    fn perftest_capture(name: &str) -> String {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/perftest")
+            .join(name)
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn latency_exchanges_replay_against_perftest_captures() {
+        for (name, test) in [
+            ("write_lat.pcap", Test::Write),
+            ("read_lat.pcap", Test::Read),
+            ("send_lat.pcap", Test::Send),
+            ("atomic_lat.pcap", Test::Atomic),
+        ] {
+            let (to_server, to_client) = tcp_streams(&perftest_capture(name));
+            for role in [Role::Server, Role::Client] {
+                let (input, theirs_out) = match role {
+                    Role::Server => (to_server.clone(), to_client.clone()),
+                    Role::Client => (to_client.clone(), to_server.clone()),
+                };
+                let mut oob = Oob::new(
+                    Replay {
+                        input: Cursor::new(input.clone()),
+                        output: Vec::new(),
+                    },
+                    role,
+                );
+                let (mut readied, mut ran) = (false, false);
+                let out = lat_exchange::<_, OobError, u8>(
+                    &mut oob,
+                    test,
+                    1024,
+                    &dest(0x77),
+                    |_, _| Ok(()),
+                    || {
+                        readied = true;
+                        Ok(())
+                    },
+                    |_| {
+                        ran = true;
+                        Ok(7)
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"));
+                assert_eq!(
+                    oob.s.input.position() as usize,
+                    input.len(),
+                    "{name} {role:?}"
+                );
+                assert_eq!(oob.s.output.len(), theirs_out.len(), "{name} {role:?}");
+                assert!(readied);
+                let runs = role == Role::Client || matches!(test, Test::Write | Test::Send);
+                assert_eq!((ran, out.result.is_some()), (runs, runs), "{name} {role:?}");
+                assert_eq!(
+                    out.remote.gid.octets()[12..],
+                    [10, 234, 0, if role == Role::Server { 11 } else { 12 }]
+                );
+            }
         }
     }
 

@@ -22,6 +22,7 @@ use dataplane::cc::{CcKind, DcqcnParams};
 use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
+use dataplane::transport::host::LatKind;
 use dataplane::transport::qp::{Mtu, QpState};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge};
@@ -124,6 +125,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/{qpn}/recv", post(qp_recv))
         .route("/v1/qps/{qpn}/completions", get(qp_poll))
         .route("/v1/qps/{qpn}/stream", post(qp_stream))
+        .route("/v1/qps/{qpn}/latency", post(qp_latency))
         .route("/v1/stats", get(stats))
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
@@ -1016,6 +1018,87 @@ async fn qp_send(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes
     let wr = send_wr(&b)?;
     blocking(move || s.rdma.post_send(qpn, wr)).await?;
     ok(json!({"posted": true, "wr_id": b.wr_id}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ByteRef {
+    lkey: u32,
+    addr: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LatBody {
+    test: String,
+    wr: SendBody,
+    iters: u64,
+    #[serde(default)]
+    server: bool,
+    #[serde(default)]
+    poll: Option<ByteRef>,
+    #[serde(default)]
+    mark: Option<ByteRef>,
+    #[serde(default)]
+    recv: Option<Vec<SgeBody>>,
+    #[serde(default)]
+    rx_depth: Option<u64>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// Largest latency test the API runs (its result lists every iteration).
+const MAX_LAT_ITERS: u64 = 1_000_000;
+
+async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: LatBody = body(&b)?;
+    if b.wr.count.is_some() || b.wr.depth.is_some() || b.wr.timeout_ms.is_some() {
+        return Err(ApiError::bad(
+            "bad_wr",
+            "count, depth and timeout_ms belong to /stream",
+        ));
+    }
+    let wr = send_wr(&b.wr)?;
+    let wait_ms = b.timeout_ms.unwrap_or(60_000);
+    if !(1..=MAX_LAT_ITERS).contains(&b.iters) || wait_ms > 600_000 {
+        return Err(ApiError::bad(
+            "bad_test",
+            format!("iters is 1 to {MAX_LAT_ITERS} and timeout_ms at most 600000"),
+        ));
+    }
+    let missing = |what: &str| ApiError::bad("bad_test", format!("test {} needs {what}", b.test));
+    let kind = match b.test.as_str() {
+        "request" => LatKind::Request,
+        "write" => {
+            let (p, m) = (
+                b.poll.ok_or_else(|| missing("poll"))?,
+                b.mark.ok_or_else(|| missing("mark"))?,
+            );
+            LatKind::Write {
+                poll: (p.lkey, p.addr),
+                mark: (m.lkey, m.addr),
+            }
+        }
+        "send" => {
+            let sg = sg_list(b.recv.as_deref().ok_or_else(|| missing("recv"))?)?;
+            let rx_depth = b.rx_depth.ok_or_else(|| missing("rx_depth"))?;
+            LatKind::Send {
+                recv: RecvWr { wr_id: 0, sg },
+                rx_depth,
+            }
+        }
+        t => {
+            return Err(ApiError::bad(
+                "bad_test",
+                format!("unknown test {t:?}: request, write or send"),
+            ));
+        }
+    };
+    let (iters, server) = (b.iters, b.server);
+    let wait = Duration::from_millis(wait_ms);
+    let r = blocking(move || s.rdma.latency_test(qpn, kind, wr, iters, server, wait)).await?;
+    ok(json!({"posted_ns": r.posted_ns, "errors": r.errors, "failure": r.failure}))
 }
 
 async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {

@@ -121,6 +121,9 @@ pub fn document() -> Value {
     let u32s = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64});
     let access = json!({"type": "array", "items": {"type": "string",
         "enum": ["local-write", "remote-write", "remote-read", "remote-atomic"]}});
+    let byte_ref = json!({"type": "object", "additionalProperties": false, "required": ["lkey", "addr"],
+        "properties": {"lkey": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+                       "addr": {"type": "integer", "minimum": 0, "maximum": 18446744073709551615u64}}});
     let sge = json!({"type": "object", "additionalProperties": false,
         "required": ["addr", "length", "lkey"],
         "properties": {"addr": u64s, "length": u32s, "lkey": u32s}});
@@ -158,6 +161,20 @@ pub fn document() -> Value {
     let dcqcn_knobs = json!({"type": "object", "description":
         "DCQCN knobs by NVIDIA's names (rpg_time_reset, rpg_byte_reset, rpg_ai_rate, ...) over the profile's values",
         "additionalProperties": {"type": "number"}});
+    let lat_body = json!({"type": "object", "additionalProperties": false, "required": ["test", "wr", "iters"],
+        "properties": {"test": {"type": "string", "enum": ["request", "write", "send"]},
+            "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
+            "iters": {"type": "integer", "minimum": 1, "maximum": 1000000},
+            "server": {"type": "boolean"},
+            "poll": byte_ref.clone(), "mark": byte_ref,
+            "recv": {"type": "array", "items": sge.clone(), "maxItems": 4},
+            "rx_depth": u64s,
+            "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}});
+    let latency_path = json!({"post": op("One of perftest's latency tests on the QP's lcore: request (READ/atomic, one at a time), write (WRITE ping-pong: poll is the byte the peer's WRITE sets, mark the last byte of ours) or send (SEND ping-pong over rx_depth receives already posted, reposted from recv)",
+        vec![qpn()], Some(body(lat_body)),
+        json_ok(200, "when each iteration was posted (ns from the first)", json!({"type": "object", "properties": {
+            "posted_ns": {"type": "array", "items": u64s}, "errors": u64s,
+            "failure": {"type": "string", "nullable": true}}}), &[400, 404, 409, 503]))});
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -298,6 +315,7 @@ pub fn document() -> Value {
                     "best_ns_per_wr": {"type": "number", "nullable": true,
                         "description": "fewest ns per work request from the first post to any completion (perftest's peak)"}}}),
                     &[400, 404, 409, 503]))},
+            "/v1/qps/{qpn}/latency": latency_path,
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
                     "items": {"type": "object"}}}}), &[503]))},

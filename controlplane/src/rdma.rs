@@ -15,7 +15,7 @@ use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
 use dataplane::transport::host::{
-    CqState, HostCounters, QpQuery, RdmaCommand, StreamResult, shard_of,
+    CqState, HostCounters, LatKind, LatResult, QpQuery, RdmaCommand, StreamResult, shard_of,
 };
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
@@ -1083,28 +1083,67 @@ impl Rdma {
         depth: usize,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
+        let wr = Box::new(wr);
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(qpn, "stream", codes, wait, |reply| RdmaCommand::Stream {
+            qpn,
+            wr,
+            count,
+            depth,
+            reply,
+        })
+    }
+
+    /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`);
+    /// waits up to `wait` for it.
+    pub fn latency_test(
+        &self,
+        qpn: u32,
+        kind: LatKind,
+        wr: SendWr,
+        iters: u64,
+        server: bool,
+        wait: Duration,
+    ) -> Result<LatResult, ApiError> {
+        let (kind, wr) = (Box::new(kind), Box::new(wr));
+        let codes = ("test_refused", "test_ended");
+        self.run_test(qpn, "latency test", codes, wait, |reply| {
+            RdmaCommand::Latency {
+                qpn,
+                kind,
+                wr,
+                iters,
+                server,
+                reply,
+            }
+        })
+    }
+
+    /// Hands a test (`make` builds its command around the reply channel) to the QP's lcore
+    /// and waits up to `wait` for its result; `what` names it in errors, `codes` are the
+    /// error codes for a refused test and for one whose QP went away.
+    fn run_test<T>(
+        &self,
+        qpn: u32,
+        what: &str,
+        codes: (&'static str, &'static str),
+        wait: Duration,
+        make: impl FnOnce(Sender<Result<T, String>>) -> RdmaCommand,
+    ) -> Result<T, ApiError> {
         let l = self.lcore_of(qpn)?;
         let (tx, rx) = bounded(1);
         self.lcores[l]
-            .send(Command::Handler(ApplianceCommand::Rdma(
-                RdmaCommand::Stream {
-                    qpn,
-                    wr: Box::new(wr),
-                    count,
-                    depth,
-                    reply: tx,
-                },
-            )))
+            .send(Command::Handler(ApplianceCommand::Rdma(make(tx))))
             .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
         match rx.recv_timeout(wait) {
-            Ok(r) => r.map_err(|e| ApiError::conflict("stream_refused", e)),
+            Ok(r) => r.map_err(|e| ApiError::conflict(codes.0, e)),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ApiError::internal(
                 "timeout",
-                format!("the stream did not finish in {wait:?}"),
+                format!("the {what} did not finish in {wait:?}"),
             )),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(ApiError::conflict(
-                "stream_ended",
-                "the QP was destroyed (or the node stopped) before the stream finished",
+                codes.1,
+                format!("the QP was destroyed (or the node stopped) before the {what} finished"),
             )),
         }
     }
@@ -1114,7 +1153,7 @@ impl Rdma {
     pub fn latency(&self) -> Result<LatencyHistograms, ApiError> {
         let mut all = LatencyHistograms::default();
         for l in 0..self.lcores.len() {
-            all.add(&self.ask(l, |reply| RdmaCommand::Latency { reply })?);
+            all.add(&self.ask(l, |reply| RdmaCommand::Latencies { reply })?);
         }
         Ok(all)
     }

@@ -1174,6 +1174,107 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
     assert!(sum(&sa, "rx_atomic_requests") >= 6000);
 }
 
+/// The figures of perftest's latency table: the line after its column header.
+fn latency_line(out: &str) -> Vec<f64> {
+    let mut lines = out.lines();
+    lines.find(|l| l.contains("t_typical"));
+    lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn rocectl_perf_latency_tests_run_against_itself() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("lat", 7600);
+    let (a, b) = ("127.0.0.1:7600", "127.0.0.1:7601");
+    let mut typical = Vec::new();
+    for (k, (op, extra)) in [
+        ("write", vec!["-s", "8", "-n", "2000"]),
+        ("send", vec!["-s", "8", "-n", "2000"]),
+        ("read", vec!["-s", "8", "-n", "2000"]),
+        ("atomic", vec!["-n", "2000"]),
+        ("write", vec!["-s", "4096", "-n", "500"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18700 + k).to_string();
+        let mut sargs = vec![
+            "perf",
+            op,
+            "lat",
+            "--server",
+            "-p",
+            &port,
+            "--timeout",
+            "30",
+        ];
+        sargs.extend(extra.iter().copied());
+        let sargs: Vec<String> = sargs.into_iter().map(String::from).collect();
+        let server = std::thread::spawn(move || {
+            let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
+            rocectl(a, &v)
+        });
+        let mut cargs = vec![
+            "perf",
+            op,
+            "lat",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--timeout",
+            "30",
+        ];
+        cargs.extend(extra.iter().copied());
+        let (code, cout, err) = rocectl(b, &cargs);
+        assert_eq!(code, 0, "client {op} lat {extra:?}: {err}");
+        let (code, sout, err) = server.join().unwrap();
+        assert_eq!(code, 0, "server {op} lat {extra:?}: {err}");
+        let f = latency_line(&cout);
+        assert_eq!(f.len(), 9, "{cout}");
+        let arg = |flag: &str| -> f64 {
+            let i = extra.iter().position(|x| *x == flag).unwrap();
+            extra[i + 1].parse().unwrap()
+        };
+        let size = if op == "atomic" { 8.0 } else { arg("-s") };
+        assert_eq!((f[0], f[1]), (size, arg("-n")), "{cout}");
+        let (min, max, typ, avg, p99, p999) = (f[2], f[3], f[4], f[5], f[7], f[8]);
+        assert!(
+            0.0 < min && min <= typ && typ <= p99 && p99 <= p999 && p999 <= max && min <= avg,
+            "ordered figures: {cout}"
+        );
+        if matches!(op, "write" | "send") {
+            // Both sides of a ping-pong measure the same exchange.
+            let g = latency_line(&sout);
+            assert_eq!(g.len(), 9, "{sout}");
+            assert!(
+                (g[4] - typ).abs() <= 0.5 * typ.max(g[4]),
+                "client and server see similar latencies: {cout} {sout}"
+            );
+        } else {
+            assert!(sout.contains("the client measures this test"), "{sout}");
+        }
+        typical.push((op, size, typ));
+    }
+    eprintln!("typical latencies (us): {typical:?}");
+    for api in [a, b] {
+        assert_eq!(count(api, &["qp", "show"]), 0);
+        assert_eq!(count(api, &["mr", "show"]), 0);
+    }
+    let [sa, sb]: [Value; 2] = n.stop().try_into().unwrap();
+    assert!(sum(&sa, "rx_write_requests") >= 2000 + 500);
+    assert!(
+        sum(&sb, "rx_write_requests") >= 2000 + 500,
+        "ping-pong: both sides write"
+    );
+    assert!(sum(&sa, "rx_read_requests") >= 2000);
+    assert!(sum(&sa, "rx_atomic_requests") >= 2000);
+}
+
 #[test]
 fn rocectl_drives_two_nodes_from_regions_to_teardown() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -65,15 +65,25 @@ CASES = [
     ("read_bw 4KiB", "ib_read_bw -s 4096 -n 500", "read bw -s 4096 -n 500"),
     ("atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 500", "atomic bw -A fetch-add -n 500"),
     ("atomic_bw cmp-swap", "ib_atomic_bw -A CMP_AND_SWAP -n 500", "atomic bw -A cmp-swap -n 500"),
+    ("write_lat 8B", "ib_write_lat -s 8 -n 300", "write lat -s 8 -n 300"),
+    ("write_lat 4KiB", "ib_write_lat -s 4096 -n 200", "write lat -s 4096 -n 200"),
+    ("read_lat 8B", "ib_read_lat -s 8 -n 300", "read lat -s 8 -n 300"),
+    ("send_lat 8B", "ib_send_lat -s 8 -n 300", "send lat -s 8 -n 300"),
+    ("atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300", "atomic lat -A fetch-add -n 300"),
 ]
 
-RESULT = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", re.M)
-
-
 def result(out):
-    """The (bytes, iterations, peak, average, msg rate) line of perftest's table."""
-    m = RESULT.findall(out)
-    return tuple(float(x) for x in m[-1]) if m else None
+    """The figures of perftest's result line (the line after the '#bytes' header):
+    bandwidth: bytes, iterations, peak, average, msg rate; latency: bytes, iterations, t_min,
+    t_max, t_typical, t_avg, t_stdev, 99%, 99.9%. None when there is none."""
+    lines = out.splitlines()
+    for i, l in enumerate(lines):
+        if "#bytes" in l and i + 1 < len(lines):
+            try:
+                return tuple(float(x) for x in lines[i + 1].split())
+            except ValueError:
+                return None
+    return None
 
 
 class Roced:
@@ -130,7 +140,8 @@ def vm_server_result(vm):
         if rc == 0:
             return out
         time.sleep(0.5)
-    vm.run("kill $(pidof ib_write_bw ib_read_bw ib_atomic_bw ib_send_bw) 2>/dev/null")
+    vm.run("kill $(pidof ib_write_bw ib_read_bw ib_atomic_bw ib_send_bw ib_write_lat"
+           " ib_read_lat ib_send_lat ib_atomic_lat) 2>/dev/null")
     return vm.run("cat /tmp/srv.log; echo EXIT=killed")[1]
 
 
@@ -139,16 +150,23 @@ def exit_of(out):
     return m.group(1) if m else "?"
 
 
-def check(a, b):
-    """Both sides' result lines agree on size and iterations and show traffic."""
-    ra, rb = result(a), result(b)
-    if not ra or not rb:
-        return False, "no result line"
-    if ra[:2] != rb[:2]:
-        return False, "sides disagree: %s vs %s" % (ra[:2], rb[:2])
-    if ra[3] <= 0:
+def check(client, server, lat):
+    """The client's result line shows traffic, and the server's (where perftest prints one:
+    not the servers of READ and ATOMIC latency) agrees on size and iterations."""
+    rc, rs = result(client), result(server)
+    if not rc or len(rc) < 5:
+        return False, "no result line from the client"
+    if rs and rs[:2] != rc[:2]:
+        return False, "sides disagree: %s vs %s" % (rc[:2], rs[:2])
+    if lat:
+        if len(rc) != 9 or not 0 < rc[2] <= rc[4] <= rc[3]:
+            return False, "latency figures out of order: %s" % (rc,)
+        return True, "%d B x %d: typical %.1f us, 99%% %.1f us" % (rc[0], rc[1], rc[4], rc[7])
+    if not rs:
+        return False, "no result line from the server"
+    if rc[3] <= 0:
         return False, "zero bandwidth"
-    return True, "%d B x %d: %.2f MB/s, %.4f Mpps" % (ra[0], ra[1], ra[3], ra[4])
+    return True, "%d B x %d: %.2f MB/s, %.4f Mpps" % (rc[0], rc[1], rc[3], rc[4])
 
 
 def main():
@@ -174,8 +192,9 @@ def main():
                 vm_server(vm, tool + flags)
                 c = ctl("perf %s %s --timeout 60" % (perf, vm.ip), check=False)
                 s = vm_server_result(vm)
+                lat = "_lat" in name
                 ok = c.returncode == 0 and exit_of(s) == "0"
-                ok2, why = check(c.stdout, s) if ok else (False, "exit %d / %s: %s" % (
+                ok2, why = check(c.stdout, s, lat) if ok else (False, "exit %d / %s: %s" % (
                     c.returncode, exit_of(s), c.stderr.strip()[-300:]))
                 rows.append((name, "ferroce client -> rxe server", ok and ok2, why))
                 details.append((name + ", ferroce client", c.stdout + c.stderr, s))
@@ -195,7 +214,7 @@ def main():
                     srv.kill()
                     sout = srv.communicate()[0] + "\n(rocectl killed: no exit)"
                 ok = srv.returncode == 0 and exit_of(cout) == "0"
-                ok2, why = check(cout, sout) if ok else (False, "exit %s / %s" % (
+                ok2, why = check(cout, sout, lat) if ok else (False, "exit %s / %s" % (
                     exit_of(cout), srv.returncode))
                 rows.append((name, "rxe client -> ferroce server", ok and ok2, why))
                 details.append((name + ", rxe client", sout, cout))

@@ -232,7 +232,7 @@ pub enum RdmaCommand {
         reply: Sender<HostCounters>,
     },
     /// A copy of this lcore's completion-latency histograms (since it started).
-    Latency {
+    Latencies {
         /// The copy.
         reply: Sender<LatencyHistograms>,
     },
@@ -250,6 +250,23 @@ pub enum RdmaCommand {
         depth: usize,
         /// The result when done, or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
+    },
+    /// Runs one of perftest's latency tests on a connected QP, on the lcore itself; replies
+    /// when it is done. The QP's send (and, for SEND, receive) completions go to the test
+    /// meanwhile.
+    Latency {
+        /// The QP.
+        qpn: u32,
+        /// Which test.
+        kind: Box<LatKind>,
+        /// The request each iteration posts.
+        wr: Box<SendWr>,
+        /// Iterations.
+        iters: u64,
+        /// This side is perftest's server (it matters for who goes first).
+        server: bool,
+        /// When each iteration was posted, or why the test could not run.
+        reply: Sender<Result<LatResult, String>>,
     },
     /// Destroys a QP (its outstanding work is dropped with it).
     DestroyQp {
@@ -288,6 +305,75 @@ pub struct DcqcnSummary {
     pub sum_rate_bps: f64,
     /// The highest alpha (DCQCN's congestion estimate, 0 to 1) among them.
     pub max_alpha: f64,
+}
+
+/// perftest's latency tests, as the lcore runs them.
+#[derive(Clone, Debug)]
+pub enum LatKind {
+    /// READ or atomic (`run_iter_lat`): one request at a time, the next posted as the last
+    /// completes.
+    Request,
+    /// WRITE ping-pong (`run_iter_lat_write`): each WRITE sets the message's last byte to the
+    /// iteration number; a side posts its next WRITE once the peer's has set the byte at
+    /// `poll` (key, address) to the count it expects. `mark` (key, address) is that byte in
+    /// our source. The server posts first.
+    Write {
+        /// The byte the peer's WRITEs land on.
+        poll: (u32, u64),
+        /// The last byte of our source.
+        mark: (u32, u64),
+    },
+    /// SEND ping-pong (`run_iter_lat_send`): each side sends when the peer's message has
+    /// arrived; `rx_depth` receives of `recv` are already posted and are reposted as they
+    /// complete. The client posts first.
+    Send {
+        /// The receive to repost.
+        recv: RecvWr,
+        /// Receives posted before the test.
+        rx_depth: u64,
+    },
+}
+
+/// What a latency test measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatResult {
+    /// When each iteration's request was posted, nanoseconds of lcore time from the first
+    /// (perftest's `tposted`): their differences are the round trips.
+    pub posted_ns: Vec<u64>,
+    /// Requests that completed in error (the test stops at the first).
+    pub errors: u64,
+    /// Why it stopped early: the first error completion's status and opcode, or what failed.
+    pub failure: Option<String>,
+}
+
+/// Where a latency test stands: perftest's loop (wait for the peer, post, count the
+/// completion), each blocking point a return that the next poll resumes.
+struct Lat {
+    kind: LatKind,
+    wr: SendWr,
+    iters: u64,
+    server: bool,
+    scnt: u64,
+    rcnt: u64,
+    ccnt: u64,
+    /// Completions and receives taken from the CQs and not yet consumed by the loop.
+    sends_done: u64,
+    recvs_done: u64,
+    /// Receives reposted so far (SEND).
+    reposted: u64,
+    step: LatStep,
+    started: crate::time::Instant,
+    posted: Vec<u64>,
+    errors: u64,
+    failure: Option<String>,
+    reply: Sender<Result<LatResult, String>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LatStep {
+    Wait,
+    Post,
+    Complete,
 }
 
 /// A completion queue's state.
@@ -339,6 +425,7 @@ struct Slot {
     bound: [Option<u32>; 2],
     ready: bool,
     stream: Option<Stream>,
+    lat: Option<Lat>,
 }
 
 /// A stream of identical work requests the lcore keeps posted itself (the perf engine's core:
@@ -396,6 +483,8 @@ pub struct RdmaHost<B> {
     handoff_drops: u64,
     /// Scratch for polling completions (allocated once).
     wcs: Vec<WorkCompletion>,
+    /// QPs running a latency test (their peer's WRITEs are seen by polling memory).
+    lats: Vec<u32>,
     /// Completion latency of its QPs' signalled send work, by opcode.
     latency: LatencyHistograms,
 }
@@ -433,6 +522,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             handoffs: 0,
             handoff_drops: 0,
             wcs: Vec::with_capacity(64),
+            lats: Vec::new(),
             latency: LatencyHistograms::default(),
         }
     }
@@ -477,9 +567,14 @@ impl<B: PacketBuf> RdmaHost<B> {
         let Some(s) = self.slots[i].as_mut() else {
             return;
         };
+        // A stream or latency test takes the completions it waits for itself.
+        let own = s.lat.is_some();
         let sides = [
-            (s.bound[0].filter(|_| s.stream.is_none()), &mut s.scq),
-            (s.bound[1], &mut s.rcq),
+            (
+                s.bound[0].filter(|_| s.stream.is_none() && !own),
+                &mut s.scq,
+            ),
+            (s.bound[1].filter(|_| !own), &mut s.rcq),
         ];
         for (to, own) in sides {
             if let Some(c) = to
@@ -582,6 +677,145 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
+    /// Advances QP `i`'s latency test as far as it can go now; replies when it is done.
+    fn drive_lat(&mut self, i: usize, now: crate::time::Instant) {
+        let wcs = &mut self.wcs;
+        let mrs = &mut self.mrs;
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        let Some(t) = slot.lat.as_mut() else {
+            return;
+        };
+        wcs.clear();
+        slot.scq.poll(usize::MAX, wcs);
+        slot.rcq.poll(usize::MAX, wcs);
+        for c in wcs.iter() {
+            if c.status != super::cq::WcStatus::Success {
+                t.errors += 1;
+                if t.failure.is_none() {
+                    t.failure = Some(format!(
+                        "{:?} completion of {:?} (wr_id {})",
+                        c.status, c.opcode, c.wr_id
+                    ));
+                }
+            } else if c.opcode == super::cq::WcOpcode::Recv {
+                t.recvs_done += 1;
+            } else {
+                t.sends_done += 1;
+            }
+        }
+        let mut posted = false;
+        let failed = loop {
+            if t.errors > 0 || slot.qp.cfg.state == super::qp::QpState::Err {
+                if t.failure.is_none() {
+                    t.failure = Some(format!("the QP is in {:?}", slot.qp.cfg.state));
+                }
+                break true;
+            }
+            if t.scnt >= t.iters && t.rcnt >= t.iters && t.ccnt >= t.iters {
+                break false;
+            }
+            match t.step {
+                LatStep::Wait => {
+                    match &t.kind {
+                        LatKind::Request => t.rcnt = t.scnt.min(t.iters),
+                        LatKind::Write { poll, .. } => {
+                            // The server posts first: it waits only once it has posted.
+                            if t.rcnt < t.iters && (!t.server || t.scnt > 0) {
+                                let mut b = [0u8; 1];
+                                let seen = mrs.get(poll.0).and_then(|m| m.read(poll.1, &mut b));
+                                if let Err(e) = seen {
+                                    t.errors += 1;
+                                    t.failure = Some(format!("reading the polled byte: {e}"));
+                                    continue;
+                                }
+                                if b[0] != (t.rcnt + 1) as u8 {
+                                    break false;
+                                }
+                                t.rcnt += 1;
+                            }
+                        }
+                        LatKind::Send { recv, rx_depth } => {
+                            // The client posts first.
+                            if t.rcnt < t.iters && (t.server || t.scnt > 0) {
+                                if t.recvs_done == 0 {
+                                    break false;
+                                }
+                                t.recvs_done -= 1;
+                                t.rcnt += 1;
+                                if t.rcnt + rx_depth <= t.iters {
+                                    let mut r = recv.clone();
+                                    r.wr_id = recv.wr_id.wrapping_add(t.reposted);
+                                    if let Err(e) = slot.qp.post_recv(r) {
+                                        t.errors += 1;
+                                        t.failure = Some(format!("reposting a receive: {e}"));
+                                        continue;
+                                    }
+                                    t.reposted += 1;
+                                }
+                            }
+                        }
+                    }
+                    t.step = LatStep::Post;
+                }
+                LatStep::Post => {
+                    if t.scnt < t.iters {
+                        if let LatKind::Write { mark, .. } = &t.kind {
+                            let b = [(t.scnt + 1) as u8];
+                            if let Err(e) = mrs.get_mut(mark.0).and_then(|m| m.write(mark.1, &b)) {
+                                t.errors += 1;
+                                t.failure = Some(format!("setting the marked byte: {e}"));
+                                continue;
+                            }
+                        }
+                        t.posted.push(now.0.saturating_sub(t.started.0));
+                        let mut wr = t.wr.clone();
+                        wr.wr_id = t.wr.wr_id.wrapping_add(t.scnt);
+                        slot.qp.observe(now);
+                        if let Err(e) = slot.qp.post_send(wr) {
+                            t.errors += 1;
+                            t.failure = Some(format!("posting request {}: {e}", t.scnt + 1));
+                            continue;
+                        }
+                        t.scnt += 1;
+                        posted = true;
+                    }
+                    t.step = LatStep::Complete;
+                }
+                LatStep::Complete => {
+                    // READ, atomics and WRITE wait for each completion; SEND counts its
+                    // completions as they come (its turn is the peer's message), and waits
+                    // only for the last ones, when nothing else is left.
+                    let blocking = matches!(t.kind, LatKind::Request | LatKind::Write { .. })
+                        || (t.scnt >= t.iters && t.rcnt >= t.iters);
+                    if t.ccnt < t.scnt {
+                        if t.sends_done == 0 && blocking {
+                            break false;
+                        }
+                        let n = t.sends_done.min(t.scnt - t.ccnt);
+                        t.ccnt += n;
+                        t.sends_done -= n;
+                    }
+                    t.step = LatStep::Wait;
+                }
+            }
+        };
+        let done = t.scnt >= t.iters && t.rcnt >= t.iters && t.ccnt >= t.iters;
+        if failed || done {
+            let t = slot.lat.take().expect("latency test present");
+            let _ = t.reply.send(Ok(LatResult {
+                posted_ns: t.posted,
+                errors: t.errors.max(u64::from(failed && !done)),
+                failure: t.failure,
+            }));
+            self.lats.retain(|&x| x as usize != i);
+        }
+        if posted {
+            self.mark_ready(i);
+        }
+    }
+
     /// Gives a received frame to the QP it names on this shard.
     fn deliver<Q: PortQueue<Buf = B>>(
         &mut self,
@@ -599,9 +833,13 @@ impl<B: PacketBuf> RdmaHost<B> {
         let lat = &mut self.latency;
         s.qp.take_latencies(|op, ns| lat.record(op, ns));
         let streaming = s.stream.is_some();
+        let timing = s.lat.is_some();
         self.mark_ready(i);
         if streaming {
             self.feed(i, now);
+        }
+        if timing {
+            self.drive_lat(i, now);
         }
         self.settle(i);
     }
@@ -809,6 +1047,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         bound,
                         ready: false,
                         stream: None,
+                        lat: None,
                     });
                     qpn
                 });
@@ -960,7 +1199,53 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
                 self.feed(i, now);
             }
-            RdmaCommand::Latency { reply } => {
+            RdmaCommand::Latency {
+                qpn,
+                kind,
+                wr,
+                iters,
+                server,
+                reply,
+            } => {
+                let Some(i) = self.index(qpn) else {
+                    let _ = reply.send(Err(format!("no QP {qpn:#x} on this lcore")));
+                    return;
+                };
+                let slot = self.slots[i].as_mut().expect("index checked");
+                if slot.stream.is_some() || slot.lat.is_some() {
+                    let _ = reply.send(Err(format!("QP {qpn} is already running a test")));
+                    return;
+                }
+                if slot.qp.cfg.state != super::qp::QpState::Rts {
+                    let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
+                    return;
+                }
+                if iters == 0 || iters > 1 << 24 {
+                    let _ = reply.send(Err("iterations are 1 to 16777216".into()));
+                    return;
+                }
+                slot.lat = Some(Lat {
+                    kind: *kind,
+                    wr: *wr,
+                    iters,
+                    server,
+                    scnt: 0,
+                    rcnt: 0,
+                    ccnt: 0,
+                    sends_done: 0,
+                    recvs_done: 0,
+                    reposted: 0,
+                    step: LatStep::Wait,
+                    started: now,
+                    posted: Vec::with_capacity(iters as usize),
+                    errors: 0,
+                    failure: None,
+                    reply,
+                });
+                self.lats.push(i as u32);
+                self.drive_lat(i, now);
+            }
+            RdmaCommand::Latencies { reply } => {
                 let _ = reply.send(self.latency.clone());
             }
             RdmaCommand::Counters { reply } => {
@@ -1060,6 +1345,11 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
                     Ok(info) => self.deliver(now, &info, buf, io),
                     Err(_) => io.drop_frame(DropReason::Malformed, buf),
                 }
+            }
+        }
+        for k in (0..self.lats.len()).rev() {
+            if let Some(&i) = self.lats.get(k) {
+                self.drive_lat(i as usize, now);
             }
         }
         while let Some(i) = self.timers.pop_expired(now) {
