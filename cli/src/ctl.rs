@@ -105,6 +105,15 @@ pub enum Cmd {
     ///   rocectl perf read bw 10.233.0.11 -x 1           (an ib_read_bw server on a Linux host)
     #[command(verbatim_doc_comment)]
     Perf(crate::perf::PerfArgs),
+    /// ibv_rc_pingpong's test on this node, against an unmodified ibv_rc_pingpong or another
+    /// `rocectl pingpong`, through its TCP connection exchange: SENDs of -s bytes, -n times
+    /// each way.
+    ///
+    /// Examples:
+    ///   rocectl pingpong --server
+    ///   rocectl pingpong 10.233.0.11 -g 1 -s 4096 -n 1000
+    #[command(verbatim_doc_comment)]
+    Pingpong(crate::pingpong::PingpongArgs),
     /// Print shell completions for rocectl (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -597,6 +606,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
     let v = match &cli.cmd {
         Cmd::Decode { file, verify_icrc } => return decode(file, *verify_icrc, cli.json, out),
         Cmd::Perf(a) => return crate::perf::perf(&c, a, cli.json, out),
+        Cmd::Pingpong(a) => return crate::pingpong::pingpong(&c, a, cli.json, out),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "rocectl", out);

@@ -3,3 +3,4 @@ pub mod ctl;
 pub mod decode;
 pub mod perf;
 pub mod perftest;
+pub mod pingpong;

@@ -141,26 +141,8 @@ impl PerfArgs {
     }
 }
 
-/// Objects a test created on the node, removed when it ends however it ends.
-struct Created<'a> {
-    c: &'a Client,
-    mr: Option<u32>,
-    qp: Option<u32>,
-}
-
-impl Drop for Created<'_> {
-    fn drop(&mut self) {
-        if let Some(q) = self.qp {
-            let _ = self.c.call("DELETE", &format!("/v1/qps/{q}"), None);
-        }
-        if let Some(k) = self.mr {
-            let _ = self.c.call("DELETE", &format!("/v1/mrs/{k}"), None);
-        }
-    }
-}
-
 /// A 24-bit starting PSN that differs from run to run (perftest uses lrand48).
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -168,12 +150,18 @@ fn random_psn() -> u32 {
     (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 & 0xff_ffff
 }
 
-fn connect_oob(a: &PerfArgs) -> Result<(TcpStream, Role), Fail> {
-    let wait = Duration::from_secs(a.timeout);
-    let s = match &a.peer {
+/// The out-of-band TCP connection: as the server (no `peer`) the first client on `port`
+/// within `timeout`, as the client a connection to `peer`, retried until it listens.
+pub(crate) fn connect_oob(
+    peer: Option<&str>,
+    port: u16,
+    timeout: u64,
+) -> Result<(TcpStream, Role), Fail> {
+    let wait = Duration::from_secs(timeout);
+    let s = match peer {
         None => {
-            let l = TcpListener::bind(("0.0.0.0", a.oob_port))
-                .map_err(|e| Fail(2, format!("cannot listen on TCP port {}: {e}", a.oob_port)))?;
+            let l = TcpListener::bind(("0.0.0.0", port))
+                .map_err(|e| Fail(2, format!("cannot listen on TCP port {}: {e}", port)))?;
             l.set_nonblocking(true)
                 .map_err(|e| Fail(2, e.to_string()))?;
             let t0 = Instant::now();
@@ -194,12 +182,12 @@ fn connect_oob(a: &PerfArgs) -> Result<(TcpStream, Role), Fail> {
             // The server may not listen yet: retry until it does (or the timeout passes).
             let t0 = Instant::now();
             loop {
-                match TcpStream::connect((host.as_str(), a.oob_port)) {
+                match TcpStream::connect((host, port)) {
                     Ok(s) => break (s, Role::Client),
                     Err(e) if t0.elapsed() > wait => {
                         return Err(Fail(
                             1,
-                            format!("cannot reach the server {host}:{}: {e}", a.oob_port),
+                            format!("cannot reach the server {host}:{}: {e}", port),
                         ));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -234,54 +222,11 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             "rocectl perf has no SEND bandwidth test yet: send lat, or write/read/atomic bw".into(),
         ));
     }
-    let port = c.call("GET", &format!("/v1/ports/{}", a.port), None)?;
-    let gids = port["gids"].as_array().cloned().unwrap_or_default();
-    let gid: Ipv6Addr = gids
-        .get(a.gid_index)
-        .and_then(Value::as_str)
-        .and_then(|g| g.parse().ok())
-        .ok_or_else(|| {
-            Fail(
-                1,
-                format!(
-                    "port {} has no GID index {} (it has {}: {:?})",
-                    a.port,
-                    a.gid_index,
-                    gids.len(),
-                    gids
-                ),
-            )
-        })?;
+    let gid = local_gid(c, a.port, a.gid_index)?;
     let size = a.size();
-    // perftest's buffer: twice the larger of the message and a page: what we send from, then
-    // where the peer's messages land (the address we give it).
-    let half = size.max(4096);
-    let mut made = Created {
-        c,
-        mr: None,
-        qp: None,
-    };
-    let mr = c.call(
-        "POST",
-        "/v1/mrs",
-        Some(json!({"length": half * 2,
-            "access": ["local-write", "remote-write", "remote-read", "remote-atomic"]})),
-    )?;
-    let buf = Buf {
-        lkey: mr["lkey"].as_u64().unwrap_or(0) as u32,
-        addr: mr["addr"].as_u64().unwrap_or(0),
-        half,
-        size,
-    };
-    made.mr = Some(buf.lkey);
     let rx_depth = a.iters().min(RX_DEPTH);
-    let qp = c.call(
-        "POST",
-        "/v1/qps",
-        Some(json!({"max_send_wr": a.tx_depth, "max_recv_wr": rx_depth})),
-    )?;
-    let qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
-    made.qp = Some(qpn);
+    let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth)?;
+    let half = buf.half;
     let test = a.test();
     let mine = Dest {
         lid: 0,
@@ -293,23 +238,9 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         gid,
         srqn: 0,
     };
-    let (stream, role) = connect_oob(a)?;
+    let (stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
     let mut oob = Oob::new(stream, role);
-    let connect = |mtu, remote: &Dest| {
-        let rgid = IpAddr::V6(remote.gid).to_canonical();
-        c.call(
-            "POST",
-            &format!("/v1/qps/{qpn}/connect"),
-            Some(
-                json!({"remote_qpn": remote.qpn, "remote_gid": rgid.to_string(),
-                "remote_psn": remote.psn, "local_psn": mine.psn, "mtu": mtu,
-                "max_rd_atomic": remote.out_reads.clamp(1, 16),
-                "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
-                "access": ["remote-write", "remote-read", "remote-atomic"]}),
-            ),
-        )
-        .map(drop)
-    };
+    let connect = |mtu, remote: &Dest| connect_qp(c, qpn, remote, mine.psn, mtu, remote.out_reads);
     if a.kind == PerfKind::Lat {
         let o = crate::perftest::lat_exchange(
             &mut oob,
@@ -317,7 +248,10 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             a.mtu,
             &mine,
             connect,
-            || post_receives(c, a, qpn, &buf, rx_depth),
+            || match a.op {
+                PerfOp::Send => post_receives(c, qpn, &buf, rx_depth),
+                _ => Ok(()),
+            },
             |remote| run_latency(c, a, qpn, &buf, remote, role, rx_depth),
         )?;
         return print_latency(a, role, &mine, &o, json, out);
@@ -337,16 +271,115 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
 /// Receives kept posted by a SEND latency test.
 const RX_DEPTH: u64 = 128;
 
+/// GID `index` of the node's port `port` (its table: link-local, IPv4-mapped, IPv6).
+pub(crate) fn local_gid(c: &Client, port: usize, index: usize) -> Result<Ipv6Addr, Fail> {
+    let p = c.call("GET", &format!("/v1/ports/{port}"), None)?;
+    let gids = p["gids"].as_array().cloned().unwrap_or_default();
+    gids.get(index)
+        .and_then(Value::as_str)
+        .and_then(|g| g.parse().ok())
+        .ok_or_else(|| {
+            Fail(
+                1,
+                format!(
+                    "port {port} has no GID index {index} (it has {}: {gids:?})",
+                    gids.len()
+                ),
+            )
+        })
+}
+
+/// A test's buffer and QP on the node, removed when dropped, however the test ends.
+pub(crate) struct Resources<'a> {
+    c: &'a Client,
+    mr: Option<u32>,
+    qp: Option<u32>,
+}
+
+impl<'a> Resources<'a> {
+    /// Registers a buffer of two halves of at least a page and `size` each, and creates a QP
+    /// with room for `tx_depth` sends and `rx_depth` receives.
+    pub(crate) fn create(
+        c: &'a Client,
+        size: u64,
+        tx_depth: u32,
+        rx_depth: u64,
+    ) -> Result<(Self, Buf, u32), Fail> {
+        let half = size.max(4096);
+        let mut made = Resources {
+            c,
+            mr: None,
+            qp: None,
+        };
+        let mr = c.call(
+            "POST",
+            "/v1/mrs",
+            Some(json!({"length": half * 2,
+                "access": ["local-write", "remote-write", "remote-read", "remote-atomic"]})),
+        )?;
+        let buf = Buf {
+            lkey: mr["lkey"].as_u64().unwrap_or(0) as u32,
+            addr: mr["addr"].as_u64().unwrap_or(0),
+            half,
+            size,
+        };
+        made.mr = Some(buf.lkey);
+        let qp = c.call(
+            "POST",
+            "/v1/qps",
+            Some(json!({"max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1)})),
+        )?;
+        let qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
+        made.qp = Some(qpn);
+        Ok((made, buf, qpn))
+    }
+}
+
+impl Drop for Resources<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.qp {
+            let _ = self.c.call("DELETE", &format!("/v1/qps/{q}"), None);
+        }
+        if let Some(k) = self.mr {
+            let _ = self.c.call("DELETE", &format!("/v1/mrs/{k}"), None);
+        }
+    }
+}
+
+/// Takes our QP to RTS towards `remote` with perftest's and rc_pingpong's attributes.
+pub(crate) fn connect_qp(
+    c: &Client,
+    qpn: u32,
+    remote: &Dest,
+    local_psn: u32,
+    mtu: u32,
+    rd_atomic: u16,
+) -> Result<(), Fail> {
+    let rgid = IpAddr::V6(remote.gid).to_canonical();
+    c.call(
+        "POST",
+        &format!("/v1/qps/{qpn}/connect"),
+        Some(
+            json!({"remote_qpn": remote.qpn, "remote_gid": rgid.to_string(),
+            "remote_psn": remote.psn, "local_psn": local_psn, "mtu": mtu,
+            "max_rd_atomic": rd_atomic.clamp(1, 16), "min_rnr_timer": 12,
+            "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+            "access": ["remote-write", "remote-read", "remote-atomic"]}),
+        ),
+    )
+    .map(drop)
+}
+
 /// The test's buffer: messages go out from its first half and come into its second.
-struct Buf {
-    lkey: u32,
-    addr: u64,
-    half: u64,
-    size: u64,
+pub(crate) struct Buf {
+    pub(crate) lkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) half: u64,
+    pub(crate) size: u64,
 }
 
 impl Buf {
-    fn sge(&self, addr: u64) -> Value {
+    pub(crate) fn sge(&self, addr: u64) -> Value {
         json!([{"addr": addr, "length": self.size, "lkey": self.lkey}])
     }
 }
@@ -411,11 +444,8 @@ fn run_bandwidth(
     })
 }
 
-/// SEND latency: the receives that must be there before the peer's first message.
-fn post_receives(c: &Client, a: &PerfArgs, qpn: u32, b: &Buf, n: u64) -> Result<(), Fail> {
-    if a.op != PerfOp::Send {
-        return Ok(());
-    }
+/// The receives that must be there before the peer's first SEND (`n` of them).
+pub(crate) fn post_receives(c: &Client, qpn: u32, b: &Buf, n: u64) -> Result<(), Fail> {
     for i in 0..n {
         c.call(
             "POST",

@@ -1098,7 +1098,10 @@ async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
     let (iters, server) = (b.iters, b.server);
     let wait = Duration::from_millis(wait_ms);
     let r = blocking(move || s.rdma.latency_test(qpn, kind, wr, iters, server, wait)).await?;
-    ok(json!({"posted_ns": r.posted_ns, "errors": r.errors, "failure": r.failure}))
+    ok(
+        json!({"posted_ns": r.posted_ns, "errors": r.errors, "failure": r.failure,
+              "elapsed_ns": r.elapsed_ns}),
+    )
 }
 
 async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {

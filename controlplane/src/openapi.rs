@@ -174,7 +174,7 @@ pub fn document() -> Value {
         vec![qpn()], Some(body(lat_body)),
         json_ok(200, "when each iteration was posted (ns from the first)", json!({"type": "object", "properties": {
             "posted_ns": {"type": "array", "items": u64s}, "errors": u64s,
-            "failure": {"type": "string", "nullable": true}}}), &[400, 404, 409, 503]))});
+            "failure": {"type": "string", "nullable": true}, "elapsed_ns": u64s}}), &[400, 404, 409, 503]))});
     json!({
         "openapi": "3.0.3",
         "info": {

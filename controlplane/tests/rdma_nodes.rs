@@ -1261,6 +1261,37 @@ fn rocectl_perf_latency_tests_run_against_itself() {
         typical.push((op, size, typ));
     }
     eprintln!("typical latencies (us): {typical:?}");
+    // ibv_rc_pingpong's test and exchange, both roles on ferroce.
+    let server = std::thread::spawn(move || {
+        rocectl(
+            a,
+            &[
+                "pingpong", "--server", "-p", "18720", "-s", "4096", "-n", "500",
+            ],
+        )
+    });
+    let (code, cout, err) = rocectl(
+        b,
+        &[
+            "pingpong",
+            "127.0.0.1",
+            "-p",
+            "18720",
+            "-s",
+            "4096",
+            "-n",
+            "500",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, sout, err) = server.join().unwrap();
+    assert_eq!(code, 0, "{err}");
+    for out in [&cout, &sout] {
+        assert!(
+            out.contains("4096000 bytes in") && out.contains("500 iters in"),
+            "rc_pingpong's lines: {out}"
+        );
+    }
     for api in [a, b] {
         assert_eq!(count(api, &["qp", "show"]), 0);
         assert_eq!(count(api, &["mr", "show"]), 0);

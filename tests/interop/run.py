@@ -70,7 +70,14 @@ CASES = [
     ("read_lat 8B", "ib_read_lat -s 8 -n 300", "read lat -s 8 -n 300"),
     ("send_lat 8B", "ib_send_lat -s 8 -n 300", "send lat -s 8 -n 300"),
     ("atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300", "atomic lat -A fetch-add -n 300"),
+    ("rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 200", "pingpong -s 4096 -n 200"),
+    ("rc_pingpong 1B", "ibv_rc_pingpong -s 1 -n 200", "pingpong -s 1 -n 200"),
 ]
+
+# Flags every tool gets: the device and GID index 1 (::ffff:IPv4), as rxe numbers them.
+PERFTEST_FLAGS = " -d rxe0 -x 1 -F"
+PINGPONG_FLAGS = " -d rxe0 -g 1"
+PINGPONG = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", re.M)
 
 def result(out):
     """The figures of perftest's result line (the line after the '#bytes' header):
@@ -141,7 +148,7 @@ def vm_server_result(vm):
             return out
         time.sleep(0.5)
     vm.run("kill $(pidof ib_write_bw ib_read_bw ib_atomic_bw ib_send_bw ib_write_lat"
-           " ib_read_lat ib_send_lat ib_atomic_lat) 2>/dev/null")
+           " ib_read_lat ib_send_lat ib_atomic_lat ibv_rc_pingpong) 2>/dev/null")
     return vm.run("cat /tmp/srv.log; echo EXIT=killed")[1]
 
 
@@ -150,9 +157,17 @@ def exit_of(out):
     return m.group(1) if m else "?"
 
 
-def check(client, server, lat):
+def check(client, server, lat, pingpong=False):
     """The client's result line shows traffic, and the server's (where perftest prints one:
-    not the servers of READ and ATOMIC latency) agrees on size and iterations."""
+    not the servers of READ and ATOMIC latency) agrees on size and iterations. For
+    rc_pingpong: both sides print the same number of iterations."""
+    if pingpong:
+        mc, ms = PINGPONG.search(client), PINGPONG.search(server)
+        if not mc or not ms:
+            return False, "no 'iters in ... usec/iter' line"
+        if mc.group(1) != ms.group(1):
+            return False, "sides disagree: %s vs %s iterations" % (mc.group(1), ms.group(1))
+        return True, "%s iters: %s usec/iter" % (mc.group(1), mc.group(3))
     rc, rs = result(client), result(server)
     if not rc or len(rc) < 5:
         return False, "no result line from the client"
@@ -187,21 +202,26 @@ def main():
             for name, tool, perf in CASES:
                 if only and only not in name:
                     continue
-                flags = " -d rxe0 -x 1 -F"
+                pingpong = tool.startswith("ibv_rc_pingpong")
+                flags = PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS
+                ctl_cmd = perf if pingpong else "perf " + perf
                 # ferroce is the client, the VM serves.
                 vm_server(vm, tool + flags)
-                c = ctl("perf %s %s --timeout 60" % (perf, vm.ip), check=False)
+                c = ctl("%s %s --timeout 60" % (ctl_cmd, vm.ip), check=False)
                 s = vm_server_result(vm)
                 lat = "_lat" in name
                 ok = c.returncode == 0 and exit_of(s) == "0"
-                ok2, why = check(c.stdout, s, lat) if ok else (False, "exit %d / %s: %s" % (
+                ok2, why = check(c.stdout, s, lat, pingpong) if ok else (False, "exit %d / %s: %s" % (
                     c.returncode, exit_of(s), c.stderr.strip()[-300:]))
                 rows.append((name, "ferroce client -> rxe server", ok and ok2, why))
                 details.append((name + ", ferroce client", c.stdout + c.stderr, s))
+                if pingpong:
+                    # rc_pingpong's server may still be closing its TCP socket.
+                    time.sleep(0.5)
                 # The VM is the client, ferroce serves.
                 srv = subprocess.Popen(
-                    "ip netns exec %s %s --api %s perf %s --server --timeout 60"
-                    % (peer.NS, ROCECTL, API, perf),
+                    "ip netns exec %s %s --api %s %s --server --timeout 60"
+                    % (peer.NS, ROCECTL, API, ctl_cmd),
                     shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for _ in range(100):
                     if ":18515 " in peer.nsx("ss -ltn", check=False):
@@ -214,7 +234,7 @@ def main():
                     srv.kill()
                     sout = srv.communicate()[0] + "\n(rocectl killed: no exit)"
                 ok = srv.returncode == 0 and exit_of(cout) == "0"
-                ok2, why = check(cout, sout, lat) if ok else (False, "exit %s / %s" % (
+                ok2, why = check(cout, sout, lat, pingpong) if ok else (False, "exit %s / %s" % (
                     exit_of(cout), srv.returncode))
                 rows.append((name, "rxe client -> ferroce server", ok and ok2, why))
                 details.append((name + ", rxe client", sout, cout))

@@ -344,6 +344,8 @@ pub struct LatResult {
     pub errors: u64,
     /// Why it stopped early: the first error completion's status and opcode, or what failed.
     pub failure: Option<String>,
+    /// From the start to the end of the test, nanoseconds of lcore time.
+    pub elapsed_ns: u64,
 }
 
 /// Where a latency test stands: perftest's loop (wait for the peer, post, count the
@@ -808,6 +810,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 posted_ns: t.posted,
                 errors: t.errors.max(u64::from(failed && !done)),
                 failure: t.failure,
+                elapsed_ns: now.0.saturating_sub(t.started.0),
             }));
             self.lats.retain(|&x| x as usize != i);
         }
