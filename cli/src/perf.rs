@@ -216,15 +216,12 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             "--size, --iters and --tx-depth must be above 0".into(),
         ));
     }
-    if (a.op, a.kind) == (PerfOp::Send, PerfKind::Bw) {
-        return Err(Fail(
-            2,
-            "rocectl perf has no SEND bandwidth test yet: send lat, or write/read/atomic bw".into(),
-        ));
-    }
     let gid = local_gid(c, a.port, a.gid_index)?;
     let size = a.size();
-    let rx_depth = a.iters().min(RX_DEPTH);
+    let rx_depth = a.iters().min(match a.kind {
+        PerfKind::Bw => SEND_BW_RX_DEPTH,
+        PerfKind::Lat => RX_DEPTH,
+    });
     let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth)?;
     let half = buf.half;
     let test = a.test();
@@ -262,14 +259,22 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         a.mtu,
         &mine,
         connect,
-        || Ok(()),
-        |remote| run_bandwidth(c, a, qpn, &buf, remote),
+        || match a.op {
+            PerfOp::Send => post_receives(c, qpn, &buf, rx_depth),
+            _ => Ok(()),
+        },
+        |remote| match role {
+            Role::Client => run_bandwidth(c, a, qpn, &buf, remote),
+            Role::Server => receive_bandwidth(c, a, qpn, &buf, rx_depth),
+        },
     )?;
     print_bandwidth(a, role, &mine, &o, json, out)
 }
 
 /// Receives kept posted by a SEND latency test.
 const RX_DEPTH: u64 = 128;
+/// Receives kept posted by a SEND bandwidth server (perftest's default rx_depth).
+const SEND_BW_RX_DEPTH: u64 = 512;
 
 /// GID `index` of the node's port `port` (its table: link-local, IPv4-mapped, IPv6).
 pub(crate) fn local_gid(c: &Client, port: usize, index: usize) -> Result<Ipv6Addr, Fail> {
@@ -413,12 +418,32 @@ fn run_bandwidth(
     buf: &Buf,
     remote: &Dest,
 ) -> Result<BwReport, Fail> {
-    let size = a.size();
     let mut b = request(a, buf, remote);
     b["count"] = json!(a.iters());
     b["depth"] = json!(a.tx_depth.min(16384));
     b["timeout_ms"] = json!(600_000);
     let r = c.call("POST", &format!("/v1/qps/{qpn}/stream"), Some(b))?;
+    report(a, &r)
+}
+
+/// The SEND bandwidth server: the QP's lcore takes the messages and reposts receives; its
+/// figures run from the first arrival to the last.
+fn receive_bandwidth(
+    c: &Client,
+    a: &PerfArgs,
+    qpn: u32,
+    b: &Buf,
+    posted: u64,
+) -> Result<BwReport, Fail> {
+    let body = json!({"wr_id": 2_000_000, "sge": b.sge(b.addr + b.half), "count": a.iters(),
+                      "posted": posted, "timeout_ms": 600_000});
+    let r = c.call("POST", &format!("/v1/qps/{qpn}/recv-stream"), Some(body))?;
+    report(a, &r)
+}
+
+/// perftest's bandwidth figures from a stream's result.
+fn report(a: &PerfArgs, r: &Value) -> Result<BwReport, Fail> {
+    let size = a.size();
     let done = r["completed"].as_u64().unwrap_or(0);
     let errors = r["errors"].as_u64().unwrap_or(0);
     let secs = r["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
@@ -426,7 +451,7 @@ fn run_bandwidth(
         return Err(Fail(
             1,
             format!(
-                "the test failed: {done} of {} work requests completed, {errors} in error",
+                "the test failed: {done} of {} messages completed, {errors} in error",
                 a.iters()
             ),
         ));

@@ -126,6 +126,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/{qpn}/completions", get(qp_poll))
         .route("/v1/qps/{qpn}/stream", post(qp_stream))
         .route("/v1/qps/{qpn}/latency", post(qp_latency))
+        .route("/v1/qps/{qpn}/recv-stream", post(qp_recv_stream))
         .route("/v1/stats", get(stats))
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
@@ -1045,6 +1046,44 @@ struct LatBody {
     rx_depth: Option<u64>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecvStreamBody {
+    #[serde(default)]
+    wr_id: u64,
+    #[serde(default)]
+    sge: Vec<SgeBody>,
+    count: u64,
+    #[serde(default)]
+    posted: u64,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+async fn qp_recv_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: RecvStreamBody = body(&b)?;
+    let wait_ms = b.timeout_ms.unwrap_or(60_000);
+    if !(1..=100_000_000).contains(&b.count) || b.posted > b.count || wait_ms > 600_000 {
+        return Err(ApiError::bad(
+            "bad_wr",
+            "count is 1 to 100000000, posted at most count, timeout_ms at most 600000",
+        ));
+    }
+    let recv = RecvWr {
+        wr_id: b.wr_id,
+        sg: sg_list(&b.sge)?,
+    };
+    let (count, posted) = (b.count, b.posted);
+    let wait = Duration::from_millis(wait_ms);
+    let r = blocking(move || s.rdma.recv_stream(qpn, recv, count, posted, wait)).await?;
+    let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
+    ok(
+        json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
+              "best_ns_per_wr": best}),
+    )
 }
 
 /// Largest latency test the API runs (its result lists every iteration).

@@ -170,6 +170,16 @@ pub fn document() -> Value {
             "recv": {"type": "array", "items": sge.clone(), "maxItems": 4},
             "rx_depth": u64s,
             "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}});
+    let recv_stream_path = json!({"post": op("The QP's lcore receives `count` messages itself, `posted` receives of this one already posted, reposting as they complete (perftest's SEND bandwidth server)",
+        vec![qpn()],
+        Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
+            "properties": {"wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
+                "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
+                "posted": u64s,
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
+        json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
+            "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
+            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
     let latency_path = json!({"post": op("One of perftest's latency tests on the QP's lcore: request (READ/atomic, one at a time), write (WRITE ping-pong: poll is the byte the peer's WRITE sets, mark the last byte of ours) or send (SEND ping-pong over rx_depth receives already posted, reposted from recv)",
         vec![qpn()], Some(body(lat_body)),
         json_ok(200, "when each iteration was posted (ns from the first)", json!({"type": "object", "properties": {
@@ -316,6 +326,7 @@ pub fn document() -> Value {
                         "description": "fewest ns per work request from the first post to any completion (perftest's peak)"}}}),
                     &[400, 404, 409, 503]))},
             "/v1/qps/{qpn}/latency": latency_path,
+            "/v1/qps/{qpn}/recv-stream": recv_stream_path,
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
                     "items": {"type": "object"}}}}), &[503]))},

@@ -1094,6 +1094,29 @@ impl Rdma {
         })
     }
 
+    /// Receives `count` messages on the QP's lcore, `posted` receives of `recv` already
+    /// there (see `RdmaCommand::RecvStream`); waits up to `wait`.
+    pub fn recv_stream(
+        &self,
+        qpn: u32,
+        recv: RecvWr,
+        count: u64,
+        posted: u64,
+        wait: Duration,
+    ) -> Result<StreamResult, ApiError> {
+        let recv = Box::new(recv);
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(qpn, "receive stream", codes, wait, |reply| {
+            RdmaCommand::RecvStream {
+                qpn,
+                recv,
+                count,
+                posted,
+                reply,
+            }
+        })
+    }
+
     /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`);
     /// waits up to `wait` for it.
     pub fn latency_test(

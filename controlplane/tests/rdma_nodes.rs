@@ -1053,6 +1053,8 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         ("atomic", vec!["-n", "3000", "-A", "cmp-swap"]),
         ("atomic", vec!["-n", "3000"]),
         ("write", vec!["-s", "65536", "-n", "500", "-m", "4096"]),
+        ("send", vec!["-s", "4096", "-n", "3000"]),
+        ("send", vec!["-s", "65536", "-n", "500", "-m", "4096"]),
     ] {
         oob += 1;
         let port = oob.to_string();
@@ -1094,11 +1096,21 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
             (f[3] * 1048576.0 / size / 1e6 - f[4]).abs() < 0.01 * f[4],
             "average bandwidth and message rate agree: {cout}"
         );
-        assert_eq!(
-            result_line(&sout),
-            line,
-            "the server prints the client's results, as perftest's does"
-        );
+        if op == "send" {
+            // A SEND server measures what it received itself.
+            let g: Vec<f64> = result_line(&sout)
+                .split(' ')
+                .map(|x| x.parse().unwrap())
+                .collect();
+            assert_eq!((g[0], g[1]), (size, iters), "{sout}");
+            assert!(g[3] > 0.0 && g[2] >= g[3], "{sout}");
+        } else {
+            assert_eq!(
+                result_line(&sout),
+                line,
+                "the server prints the client's results, as perftest's does"
+            );
+        }
         assert!(
             cout.contains("RC") && cout.contains("remote address"),
             "{cout}"

@@ -63,6 +63,7 @@ CASES = [
     ("write_bw 64KiB", "ib_write_bw -s 65536 -n 100", "write bw -s 65536 -n 100"),
     ("write_bw 1B", "ib_write_bw -s 1 -n 500", "write bw -s 1 -n 500"),
     ("read_bw 4KiB", "ib_read_bw -s 4096 -n 500", "read bw -s 4096 -n 500"),
+    ("send_bw 4KiB", "ib_send_bw -s 4096 -n 500", "send bw -s 4096 -n 500"),
     ("atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 500", "atomic bw -A fetch-add -n 500"),
     ("atomic_bw cmp-swap", "ib_atomic_bw -A CMP_AND_SWAP -n 500", "atomic bw -A cmp-swap -n 500"),
     ("write_lat 8B", "ib_write_lat -s 8 -n 300", "write lat -s 8 -n 300"),

@@ -251,6 +251,22 @@ pub enum RdmaCommand {
         /// The result when done, or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
+    /// Receives `count` messages on the lcore itself (perftest's SEND bandwidth server):
+    /// `posted` receives of `recv` are already posted, and each completed one is reposted
+    /// while more are needed; replies when all have arrived. The QP's receive completions go
+    /// to the stream meanwhile.
+    RecvStream {
+        /// The QP.
+        qpn: u32,
+        /// The receive to repost.
+        recv: Box<RecvWr>,
+        /// Messages to receive.
+        count: u64,
+        /// Receives posted before.
+        posted: u64,
+        /// The result (elapsed from the first arrival to the last), or why it could not start.
+        reply: Sender<Result<StreamResult, String>>,
+    },
     /// Runs one of perftest's latency tests on a connected QP, on the lcore itself; replies
     /// when it is done. The QP's send (and, for SEND, receive) completions go to the test
     /// meanwhile.
@@ -427,6 +443,7 @@ struct Slot {
     bound: [Option<u32>; 2],
     ready: bool,
     stream: Option<Stream>,
+    rstream: Option<RecvStream>,
     lat: Option<Lat>,
 }
 
@@ -441,6 +458,19 @@ struct Stream {
     errors: u64,
     started: crate::time::Instant,
     /// The fewest nanoseconds per completed work request over any prefix of the run.
+    best_ns_per_wr: f64,
+    reply: Sender<Result<StreamResult, String>>,
+}
+
+/// A stream of receives the lcore keeps posted itself.
+struct RecvStream {
+    recv: RecvWr,
+    count: u64,
+    /// Receives posted so far, before and during the stream.
+    posted: u64,
+    done: u64,
+    errors: u64,
+    first: Option<crate::time::Instant>,
     best_ns_per_wr: f64,
     reply: Sender<Result<StreamResult, String>>,
 }
@@ -570,7 +600,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             return;
         };
         // A stream or latency test takes the completions it waits for itself.
-        let own = s.lat.is_some();
+        let own = s.lat.is_some() || s.rstream.is_some();
         let sides = [
             (
                 s.bound[0].filter(|_| s.stream.is_none() && !own),
@@ -676,6 +706,59 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
         if posted {
             self.mark_ready(i);
+        }
+    }
+
+    /// Takes a receive stream's completions and reposts receives; replies when it is done.
+    fn feed_recv(&mut self, i: usize, now: crate::time::Instant) {
+        let wcs = &mut self.wcs;
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        let Some(st) = slot.rstream.as_mut() else {
+            return;
+        };
+        wcs.clear();
+        slot.rcq.poll(usize::MAX, wcs);
+        for c in wcs.iter() {
+            if c.status == super::cq::WcStatus::Success {
+                st.done += 1;
+                if st.first.is_none() {
+                    st.first = Some(now);
+                }
+            } else {
+                st.errors += 1;
+            }
+        }
+        if let Some(first) = st.first
+            && st.done > 1
+        {
+            // From the first arrival: the first message's own time is not in it.
+            let per = now.0.saturating_sub(first.0) as f64 / (st.done - 1) as f64;
+            if per > 0.0 {
+                st.best_ns_per_wr = st.best_ns_per_wr.min(per);
+            }
+        }
+        while st.posted < st.count
+            && st.posted.saturating_sub(st.done + st.errors) < slot.qp.caps().max_recv_wr as u64
+        {
+            let mut r = st.recv.clone();
+            r.wr_id = st.recv.wr_id.wrapping_add(st.posted);
+            if slot.qp.post_recv(r).is_err() {
+                break;
+            }
+            st.posted += 1;
+        }
+        let failed = slot.qp.cfg.state == super::qp::QpState::Err || st.errors > 0;
+        if st.done + st.errors >= st.count || failed {
+            let st = slot.rstream.take().expect("receive stream present");
+            let first = st.first.unwrap_or(now);
+            let _ = st.reply.send(Ok(StreamResult {
+                completed: st.done,
+                errors: st.count - st.done,
+                elapsed_ns: now.0.saturating_sub(first.0),
+                best_ns_per_wr: st.best_ns_per_wr,
+            }));
         }
     }
 
@@ -836,10 +919,14 @@ impl<B: PacketBuf> RdmaHost<B> {
         let lat = &mut self.latency;
         s.qp.take_latencies(|op, ns| lat.record(op, ns));
         let streaming = s.stream.is_some();
+        let receiving = s.rstream.is_some();
         let timing = s.lat.is_some();
         self.mark_ready(i);
         if streaming {
             self.feed(i, now);
+        }
+        if receiving {
+            self.feed_recv(i, now);
         }
         if timing {
             self.drive_lat(i, now);
@@ -1050,6 +1137,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         bound,
                         ready: false,
                         stream: None,
+                        rstream: None,
                         lat: None,
                     });
                     qpn
@@ -1202,6 +1290,41 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
                 self.feed(i, now);
             }
+            RdmaCommand::RecvStream {
+                qpn,
+                recv,
+                count,
+                posted,
+                reply,
+            } => {
+                let Some(i) = self.index(qpn) else {
+                    let _ = reply.send(Err(format!("no QP {qpn:#x} on this lcore")));
+                    return;
+                };
+                let slot = self.slots[i].as_mut().expect("index checked");
+                if slot.rstream.is_some() || slot.lat.is_some() {
+                    let _ = reply.send(Err(format!("QP {qpn} is already receiving a test")));
+                    return;
+                }
+                if !matches!(
+                    slot.qp.cfg.state,
+                    super::qp::QpState::Rtr | super::qp::QpState::Rts
+                ) {
+                    let _ = reply.send(Err(format!("QP {qpn} is not connected")));
+                    return;
+                }
+                slot.rstream = Some(RecvStream {
+                    recv: *recv,
+                    count,
+                    posted,
+                    done: 0,
+                    errors: 0,
+                    first: None,
+                    best_ns_per_wr: f64::INFINITY,
+                    reply,
+                });
+                self.feed_recv(i, now);
+            }
             RdmaCommand::Latency {
                 qpn,
                 kind,
@@ -1215,7 +1338,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     return;
                 };
                 let slot = self.slots[i].as_mut().expect("index checked");
-                if slot.stream.is_some() || slot.lat.is_some() {
+                if slot.stream.is_some() || slot.lat.is_some() || slot.rstream.is_some() {
                     let _ = reply.send(Err(format!("QP {qpn} is already running a test")));
                     return;
                 }
