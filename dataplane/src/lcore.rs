@@ -114,13 +114,31 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
         b
     }
 
-    /// Queues a frame for transmission on `port`; a full burst is flushed first.
+    /// Queues a frame for transmission on `port`; a full burst is flushed first, and if the
+    /// port still takes none of it the frame is dropped (and counted). Senders that can wait
+    /// ask [`Io::can_send`] first.
     #[inline]
     pub fn send(&mut self, port: usize, buf: Q::Buf) {
         if self.tx[port].is_full() {
             flush(&mut self.queues[port], &mut self.tx[port], self.counters);
+            if self.tx[port].is_full() {
+                self.drop_frame(DropReason::TxFull, buf);
+                return;
+            }
         }
         self.tx[port].push(buf);
+    }
+
+    /// True when [`Io::send`] on `port` will queue a frame rather than drop it: there is room
+    /// in the port's burst, after flushing it if it was full. Frames the port refuses wait in
+    /// the burst for the next flush, so a sender that stops here when the port is busy loses
+    /// nothing (backpressure instead of drops).
+    #[inline]
+    pub fn can_send(&mut self, port: usize) -> bool {
+        if self.tx[port].is_full() {
+            flush(&mut self.queues[port], &mut self.tx[port], self.counters);
+        }
+        !self.tx[port].is_full()
     }
 
     /// Transmits a whole burst on `port` now, after anything already queued there, leaving
@@ -131,6 +149,11 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
             flush(&mut self.queues[port], &mut self.tx[port], self.counters);
         }
         flush(&mut self.queues[port], burst, self.counters);
+        if !burst.is_empty() {
+            self.counters
+                .count_drop(DropReason::TxFull, burst.len() as u64);
+            burst.clear();
+        }
     }
 
     /// Drops a frame, counting why.
@@ -141,21 +164,16 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     }
 }
 
-/// Transmits a burst; frames the port refused are dropped and counted.
+/// Transmits a burst; frames the port refused stay in it, in order, for the next flush.
 fn flush<Q: PortQueue>(q: &mut Q, tx: &mut Burst<Q::Buf>, c: &LcoreCounters) -> usize {
     if tx.is_empty() {
         return 0;
     }
     let total: usize = tx.iter().map(|b| b.frame_len()).sum();
     let n = q.tx_burst(tx);
-    let mut sent_bytes = total;
-    if !tx.is_empty() {
-        sent_bytes -= tx.iter().map(|b| b.frame_len()).sum::<usize>();
-        c.count_drop(DropReason::TxFull, tx.len() as u64);
-        tx.clear();
-    }
+    let left: usize = tx.iter().map(|b| b.frame_len()).sum();
     c.tx_packets.add(n as u64);
-    c.tx_bytes.add(sent_bytes as u64);
+    c.tx_bytes.add((total - left) as u64);
     n
 }
 

@@ -948,7 +948,14 @@ impl<B: PacketBuf> RdmaHost<B> {
             let caps = io.info(s.port).caps;
             s.qp.set_tx_features(caps.tx_ipv4_cksum, caps.tx_multi_seg);
             let mut sent = 0;
+            let mut blocked = false;
             while sent < QP_BUDGET {
+                // A busy port holds the QP back (its frames wait in the queue, not dropped
+                // to be retransmitted): it is polled again next iteration.
+                if !io.can_send(s.port) {
+                    blocked = true;
+                    break;
+                }
                 let mut buf = match self.spare.take() {
                     Some(b) => b,
                     None => match io.alloc(s.port) {
@@ -970,7 +977,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     self.timers.cancel(i);
                 }
             }
-            if sent == QP_BUDGET {
+            if sent == QP_BUDGET || blocked {
                 s.ready = true;
                 self.ready.push_back(i);
             }
