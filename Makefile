@@ -3,7 +3,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build run test lint bench interop clean
+.PHONY: setup build run test lint bench report interop clean
 
 setup:
 	@bash scripts/setup.sh
@@ -39,6 +39,12 @@ interop: build
 
 bench: build
 	@bash bench/forwarding.sh
+
+# The perftest report: ferroce (rocectl perf) vs dpdk-testpmd and the kernel, in one run, with
+# plots; progress on stderr. About a minute.
+report: build
+	@mkdir -p bench/results
+	target/release/perf_report --report bench/results/$$(date +%Y-%m-%d).md
 
 clean:
 	$(CARGO) clean

@@ -1,6 +1,8 @@
 //! Helpers shared by ferroce's benchmarks: running dpdk-testpmd and roced as child processes,
 //! reading their figures, and summarising repeated measurements.
 
+pub mod kernel;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -157,3 +159,102 @@ mod tests {
 }
 
 pub mod plot;
+
+/// The memif socket the RDMA benchmarks' nodes (and testpmd) share.
+pub const MEMIF_SOCK: &str = "/run/ferroce/bench-rdma.sock";
+/// memif buffers that hold a whole frame (roced sizes its own the same way for MTU 9000).
+pub const BSIZE: u32 = 9088;
+
+/// dpdk-testpmd's one-way packet rate on net_memif at `frame` bytes: `txonly` on CPU
+/// `tx_cpu` into `rxonly` on `rx_cpu`, the receiver's Rx-pps after `seconds`; logs in `dir`.
+pub fn memif_testpmd_rate(
+    frame: u32,
+    tx_cpu: usize,
+    rx_cpu: usize,
+    seconds: u64,
+    dir: &Path,
+    tag: &str,
+) -> Result<f64, String> {
+    let _ = std::fs::create_dir_all("/run/ferroce");
+    let _ = std::fs::remove_file(MEMIF_SOCK);
+    let vdev = |role: &str| format!("net_memif0,role={role},socket={MEMIF_SOCK},bsize={BSIZE}");
+    let common = |mode: &str| {
+        vec![
+            format!("--forward-mode={mode}"),
+            "--total-num-mbufs=32768".into(),
+            "--mbuf-size=9216".into(),
+            format!("--txpkts={}", frame.saturating_sub(4).max(60)),
+        ]
+    };
+    let mut rx = Testpmd::start(
+        "ferroce-bench-rx",
+        &testpmd_eal(rx_cpu, &vdev("server")),
+        &common("rxonly"),
+        &dir.join(format!("tp-rx-{tag}.log")),
+    )
+    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut tx = Testpmd::start(
+        "ferroce-bench-tx",
+        &testpmd_eal(tx_cpu, &vdev("client")),
+        &common("txonly"),
+        &dir.join(format!("tp-tx-{tag}.log")),
+    )
+    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
+    std::thread::sleep(Duration::from_secs(3));
+    rx.cmd("start");
+    tx.cmd("start");
+    std::thread::sleep(Duration::from_secs(1));
+    rx.cmd("show port stats 0");
+    std::thread::sleep(Duration::from_secs(seconds));
+    rx.cmd("show port stats 0");
+    std::thread::sleep(Duration::from_millis(300));
+    tx.cmd("stop");
+    rx.cmd("stop");
+    tx.quit(Duration::from_secs(10));
+    let out = rx.quit(Duration::from_secs(10));
+    remove_runtime_dir("ferroce-bench-tx");
+    remove_runtime_dir("ferroce-bench-rx");
+    last_rx_pps(&out)
+        .filter(|r| *r > 0.0)
+        .ok_or_else(|| format!("no Rx-pps from testpmd at {frame} B ({tag})"))
+}
+
+/// A roced child process with its API address.
+#[derive(Debug)]
+pub struct Node {
+    child: Child,
+    /// host:port of its REST API.
+    pub api: String,
+}
+
+impl Node {
+    /// Starts `roced` with configuration `cfg` (written to `dir/NAME.toml`, its log beside).
+    pub fn start(roced: &Path, name: &str, cfg: &str, dir: &Path) -> Result<Node, String> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
+        let child = Command::new(roced)
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", roced.display()))?;
+        let api = cfg
+            .lines()
+            .find_map(|l| l.strip_prefix("listen = "))
+            .map(|s| s.trim_matches('"').to_string())
+            .unwrap_or_default();
+        Ok(Node { child, api })
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL after 20 s) and waits.
+    pub fn stop(mut self) {
+        // SAFETY: kill(2) on a child we started and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        wait_or_kill(&mut self.child, Duration::from_secs(20));
+    }
+}

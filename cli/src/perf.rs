@@ -538,13 +538,24 @@ struct LatStats {
     p999: f64,
 }
 
-/// perftest's summary of a latency run: the differences between consecutive posts (halved
-/// for ping-pongs), through an HdrHistogram (ns, 3 significant digits).
+/// The latencies a run measured: the differences between consecutive posts, halved for
+/// ping-pongs (perftest's), in ns.
+fn samples(posted_ns: &[u64], halve: bool) -> Vec<u64> {
+    posted_ns
+        .windows(2)
+        .map(|w| {
+            let d = w[1].saturating_sub(w[0]);
+            if halve { d / 2 } else { d }
+        })
+        .collect()
+}
+
+/// perftest's summary of a latency run ([`samples`]) through an HdrHistogram (ns, 3
+/// significant digits).
 fn lat_stats(posted_ns: &[u64], halve: bool) -> Option<LatStats> {
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
-    for w in posted_ns.windows(2) {
-        let d = w[1].saturating_sub(w[0]);
-        h.saturating_record(if halve { d / 2 } else { d }.max(1));
+    for d in samples(posted_ns, halve) {
+        h.saturating_record(d.max(1));
     }
     if h.is_empty() {
         return None;
@@ -627,7 +638,8 @@ fn print_latency(
             "local": dest_json(mine), "remote": dest_json(&o.remote), "bytes": a.size(),
             "iterations": a.iters(), "half_round_trip": halve,
             "latency_us": st.map(|s| json!({"min": s.min, "max": s.max, "typical": s.typical,
-                "avg": s.avg, "stdev": s.stdev, "p99": s.p99, "p99_9": s.p999}))});
+                "avg": s.avg, "stdev": s.stdev, "p99": s.p99, "p99_9": s.p999})),
+            "samples_ns": o.result.as_deref().map(|p| samples(p, halve))});
         writeln!(out, "{v}").map_err(io)?;
         return Ok(0);
     }

@@ -17,11 +17,10 @@
 //! one created with `copy_tx` (payloads copied into frames instead of attached from the
 //! region), pairing the two ways issue 6 asks to compare under the same machine conditions.
 
-use bench::{Testpmd, last_rx_pps, median, remove_runtime_dir, testpmd_eal, wait_or_kill};
+use bench::{Node, median, memif_testpmd_rate, remove_runtime_dir};
 use clap::Parser;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
@@ -59,91 +58,13 @@ struct Args {
     report: Option<PathBuf>,
 }
 
-const SOCK: &str = "/run/ferroce/bench-rdma.sock";
-/// memif buffers that hold a whole frame (roced sizes its own the same way for MTU 9000).
-const BSIZE: u32 = 9088;
+use bench::{BSIZE, MEMIF_SOCK as SOCK};
 /// The frame a full 4096-byte WRITE MIDDLE packet makes: Ethernet 14, IPv4 20, UDP 8, BTH 12,
 /// payload 4096, ICRC 4.
 const MTU4096_FRAME: u32 = 14 + 20 + 8 + 12 + 4096 + 4;
 
-/// testpmd txonly -> rxonly at `frame` bytes: the receiver's packets per second.
 fn testpmd_rate(a: &Args, frame: u32, dir: &Path, tag: &str) -> Result<f64, String> {
-    let _ = std::fs::remove_file(SOCK);
-    let vdev = |role: &str| format!("net_memif0,role={role},socket={SOCK},bsize={BSIZE}");
-    let common = |mode: &str| {
-        vec![
-            format!("--forward-mode={mode}"),
-            "--total-num-mbufs=32768".into(),
-            "--mbuf-size=9216".into(),
-            format!("--txpkts={}", frame.saturating_sub(4).max(60)),
-        ]
-    };
-    let mut rx = Testpmd::start(
-        "ferroce-bench-rx",
-        &testpmd_eal(a.rx_cpu, &vdev("server")),
-        &common("rxonly"),
-        &dir.join(format!("tp-rx-{tag}.log")),
-    )
-    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let mut tx = Testpmd::start(
-        "ferroce-bench-tx",
-        &testpmd_eal(a.tx_cpu, &vdev("client")),
-        &common("txonly"),
-        &dir.join(format!("tp-tx-{tag}.log")),
-    )
-    .map_err(|e| format!("dpdk-testpmd: {e}"))?;
-    std::thread::sleep(Duration::from_secs(3));
-    rx.cmd("start");
-    tx.cmd("start");
-    std::thread::sleep(Duration::from_secs(1));
-    rx.cmd("show port stats 0");
-    std::thread::sleep(Duration::from_secs(a.seconds));
-    rx.cmd("show port stats 0");
-    std::thread::sleep(Duration::from_millis(300));
-    tx.cmd("stop");
-    rx.cmd("stop");
-    tx.quit(Duration::from_secs(10));
-    let out = rx.quit(Duration::from_secs(10));
-    remove_runtime_dir("ferroce-bench-tx");
-    remove_runtime_dir("ferroce-bench-rx");
-    last_rx_pps(&out)
-        .filter(|r| *r > 0.0)
-        .ok_or_else(|| format!("no Rx-pps from testpmd at {frame} B ({tag})"))
-}
-
-struct Node {
-    child: Child,
-    api: String,
-}
-
-impl Node {
-    fn start(a: &Args, name: &str, cfg: &str, dir: &Path) -> Result<Node, String> {
-        let path = dir.join(format!("{name}.toml"));
-        std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
-        let log =
-            std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
-        let child = Command::new(&a.roced)
-            .arg("--config")
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", a.roced.display()))?;
-        let api = cfg
-            .lines()
-            .find_map(|l| l.strip_prefix("listen = "))
-            .map(|s| s.trim_matches('"').to_string())
-            .unwrap_or_default();
-        Ok(Node { child, api })
-    }
-
-    fn stop(mut self) {
-        // SAFETY: kill(2) on a child we started and have not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        wait_or_kill(&mut self.child, Duration::from_secs(20));
-    }
+    memif_testpmd_rate(frame, a.tx_cpu, a.rx_cpu, a.seconds, dir, tag)
 }
 
 struct Http(ureq::Agent);
@@ -201,9 +122,19 @@ impl Pair {
                  addresses = [\"10.93.0.{me}/24\"]\nprobes = [\"10.93.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
             )
         };
-        let na = Node::start(a, "a", &cfg("a", "server", a.tx_cpu, 1, 2, 7580), dir)?;
+        let na = Node::start(
+            &a.roced,
+            "a",
+            &cfg("a", "server", a.tx_cpu, 1, 2, 7580),
+            dir,
+        )?;
         std::thread::sleep(Duration::from_millis(1500));
-        let nb = Node::start(a, "b", &cfg("b", "client", a.rx_cpu, 2, 1, 7581), dir)?;
+        let nb = Node::start(
+            &a.roced,
+            "b",
+            &cfg("b", "client", a.rx_cpu, 2, 1, 7581),
+            dir,
+        )?;
         let http = Http::new();
         let t0 = Instant::now();
         // Up, and each has resolved the other.

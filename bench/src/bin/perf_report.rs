@@ -1,0 +1,663 @@
+//! The perftest report, in one run on this machine: dpdk-testpmd's limit on memif; ferroce
+//! node to node over memif with `rocectl perf` (perftest's tests and exchange) for WRITE,
+//! READ and SEND bandwidth from 64 B to 1 MiB, latency, and the atomic rate; the kernel's TCP
+//! and UDP on loopback and across a veth (UDP ping-pong, TCP stream, UDP datagram rate). It
+//! writes a markdown report with every figure, the ratios to testpmd and to the kernel, and
+//! PNG plots (bandwidth against size, latency CDF). Progress goes to stderr.
+//!
+//!     cargo run --release -p bench --bin perf_report -- --report bench/results/DATE.md
+//!
+//! CPUs: the sending side (testpmd txonly, the client node, the kernel client) on `--tx-cpu`,
+//! the receiving side on `--rx-cpu`.
+
+use bench::kernel::{Server, pin_thread};
+use bench::{BSIZE, MEMIF_SOCK, Node, median, memif_testpmd_rate, remove_runtime_dir};
+use clap::Parser;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Parser)]
+#[command(about = "perftest-style report: ferroce on memif vs dpdk-testpmd and the kernel")]
+struct Args {
+    /// The roced binary.
+    #[arg(long, default_value = "target/release/roced")]
+    roced: PathBuf,
+    /// Write the markdown report here (plots beside it, same name with suffixes).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// testpmd measurement window, seconds.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Seconds of each kernel stream.
+    #[arg(long, default_value_t = 2.0)]
+    kernel_seconds: f64,
+    /// Fewer sizes and iterations (a smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// CPU of the sending side.
+    #[arg(long, default_value_t = 1)]
+    tx_cpu: usize,
+    /// CPU of the receiving side.
+    #[arg(long, default_value_t = 0)]
+    rx_cpu: usize,
+    #[command(subcommand)]
+    cmd: Option<Sub>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Sub {
+    /// (internal) the kernel baselines' server, on IP.
+    Serve { ip: String },
+}
+
+/// What one `rocectl perf` run gave (the client's JSON).
+type Run = Value;
+
+struct Progress {
+    step: usize,
+    total: usize,
+    t0: Instant,
+}
+
+impl Progress {
+    fn say(&mut self, what: &str) {
+        self.step += 1;
+        eprintln!(
+            "[{:>3}/{}] {:>6.1}s  {what}",
+            self.step,
+            self.total,
+            self.t0.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Runs `rocectl perf ARGS` with node `server` serving and node `client` connecting, through
+/// perftest's exchange on TCP `port`; the client's and the server's JSON.
+fn perf(server: &str, client: &str, args: &[&str], port: u16) -> Result<(Run, Run), String> {
+    let p = port.to_string();
+    let mut sargs: Vec<String> = ["rocectl", "--api", server, "--json", "perf"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    sargs.extend(args.iter().map(|s| s.to_string()));
+    sargs.extend(["--server", "-p", &p, "--timeout", "60"].map(String::from));
+    let srv = std::thread::spawn(move || {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let code = cli::ctl::run(sargs, &mut o, &mut e);
+        (
+            code,
+            String::from_utf8_lossy(&o).into_owned(),
+            String::from_utf8_lossy(&e).into_owned(),
+        )
+    });
+    let mut cargs = vec!["rocectl", "--api", client, "--json", "perf"];
+    cargs.extend_from_slice(args);
+    cargs.extend(["127.0.0.1", "-p", &p, "--timeout", "60"]);
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let code = cli::ctl::run(cargs, &mut o, &mut e);
+    let (scode, sout, serr) = srv.join().map_err(|_| "server thread panicked")?;
+    if code != 0 || scode != 0 {
+        return Err(format!(
+            "perf {args:?}: client exit {code}: {} / server exit {scode}: {serr}",
+            String::from_utf8_lossy(&e)
+        ));
+    }
+    let parse = |s: &str| serde_json::from_str::<Value>(s.trim()).map_err(|e| format!("{e}: {s}"));
+    Ok((parse(&String::from_utf8_lossy(&o))?, parse(&sout)?))
+}
+
+struct Nodes {
+    client: Node,
+    server: Node,
+}
+
+impl Nodes {
+    fn start(a: &Args, dir: &Path) -> Result<Nodes, String> {
+        let _ = std::fs::create_dir_all("/run/ferroce");
+        let _ = std::fs::remove_file(MEMIF_SOCK);
+        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
+            format!(
+                "[eal]\nfile_prefix = \"ferroce-report-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
+                 [[ports]]\ndevice = \"net_memif0,role={role},socket={MEMIF_SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
+                 addresses = [\"10.94.0.{me}/24\"]\nprobes = [\"10.94.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
+            )
+        };
+        let server = Node::start(
+            &a.roced,
+            "server",
+            &cfg("s", "server", a.rx_cpu, 1, 2, 7620),
+            dir,
+        )?;
+        std::thread::sleep(Duration::from_millis(1500));
+        let client = Node::start(
+            &a.roced,
+            "client",
+            &cfg("c", "client", a.tx_cpu, 2, 1, 7621),
+            dir,
+        )?;
+        let t0 = Instant::now();
+        loop {
+            let up = [&server, &client].iter().all(|n| {
+                let (mut o, mut e) = (Vec::new(), Vec::new());
+                cli::ctl::run(
+                    ["rocectl", "--api", &n.api, "--json", "port", "show"],
+                    &mut o,
+                    &mut e,
+                ) == 0
+                    && String::from_utf8_lossy(&o).contains("\"link_up\":true")
+            });
+            if up {
+                return Ok(Nodes { client, server });
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                client.stop();
+                server.stop();
+                return Err("roced nodes did not come up (see their logs)".into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn stop(self) {
+        self.client.stop();
+        self.server.stop();
+        remove_runtime_dir("ferroce-report-s");
+        remove_runtime_dir("ferroce-report-c");
+        let _ = std::fs::remove_file(MEMIF_SOCK);
+    }
+}
+
+/// Iterations for a bandwidth run of `size` bytes: about 512 MiB, 2,000 to 200,000 messages.
+fn bw_iters(size: u64, quick: bool) -> u64 {
+    let n = ((512u64 << 20) / size).clamp(2000, 200_000);
+    if quick { n / 10 } else { n }
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The kernel baselines through one server: UDP ping-pong (8 B), TCP stream, UDP 64 B rate.
+struct Kernel {
+    pingpong_us: Vec<f64>,
+    tcp_gbps: f64,
+    udp_mpps: f64,
+}
+
+fn kernel(
+    a: &Args,
+    prefix: &[&str],
+    ip: &str,
+    p: &mut Progress,
+    what: &str,
+) -> Result<Kernel, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let rx = a.rx_cpu.to_string();
+    let mut pre: Vec<&str> = prefix.to_vec();
+    pre.extend(["taskset", "-c", &rx]);
+    let mut s = Server::start(&pre, &exe.to_string_lossy(), ip)?;
+    pin_thread(a.tx_cpu);
+    let iters = if a.quick { 2000 } else { 20_000 };
+    p.say(&format!("kernel UDP ping-pong 8 B, {what}"));
+    let pingpong_us = s.udp_pingpong(8, iters);
+    p.say(&format!("kernel TCP stream, {what}"));
+    let tcp = s.tcp_stream(a.kernel_seconds);
+    p.say(&format!("kernel UDP 64 B datagram rate, {what}"));
+    let udp = s.udp_stream(64, a.kernel_seconds);
+    s.stop();
+    Ok(Kernel {
+        pingpong_us: pingpong_us?,
+        tcp_gbps: tcp?,
+        udp_mpps: udp? / 1e6,
+    })
+}
+
+/// A network namespace holding one end of a veth whose other end is here.
+struct Veth;
+
+impl Veth {
+    const NS: &'static str = "ferroce-report";
+
+    fn up() -> Result<Veth, String> {
+        let sh = |c: &str| -> Result<(), String> {
+            let ok = std::process::Command::new("sh")
+                .args(["-c", c])
+                .status()
+                .map_err(|e| e.to_string())?
+                .success();
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{c}: failed"))
+            }
+        };
+        let _ = sh(&format!("ip netns del {} 2>/dev/null", Self::NS));
+        let _ = sh("ip link del frpt0 2>/dev/null");
+        sh(&format!("ip netns add {}", Self::NS))?;
+        sh(&format!(
+            "ip link add frpt0 type veth peer name frpt1 netns {}",
+            Self::NS
+        ))?;
+        sh("ip addr add 10.96.0.1/24 dev frpt0 && ip link set frpt0 up")?;
+        sh(&format!(
+            "ip netns exec {ns} ip addr add 10.96.0.2/24 dev frpt1 && ip netns exec {ns} ip link set frpt1 up && ip netns exec {ns} ip link set lo up",
+            ns = Self::NS
+        ))?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(Veth)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("ip netns del {}; ip link del frpt0 2>/dev/null", Self::NS),
+            ])
+            .status();
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let a = Args::parse();
+    if let Some(Sub::Serve { ip }) = &a.cmd {
+        return match bench::kernel::serve(ip) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("serve: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    match run(&a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perf_report: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+const SIZES: [u64; 11] = [
+    64,
+    256,
+    1024,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    1 << 20,
+];
+const LAT_SIZES: [u64; 4] = [8, 64, 4096, 65536];
+
+fn run(a: &Args) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("ferroce-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let sizes: Vec<u64> = if a.quick {
+        vec![64, 4096, 65536, 1 << 20]
+    } else {
+        SIZES.to_vec()
+    };
+    let mut p = Progress {
+        step: 0,
+        total: 2 + sizes.len() * 3 + 1 + LAT_SIZES.len() * 3 + 1 + 6,
+        t0: Instant::now(),
+    };
+    // 1. The vdev's limit.
+    p.say("dpdk-testpmd txonly -> rxonly on memif, 64 B frames");
+    let tp64 = memif_testpmd_rate(64, a.tx_cpu, a.rx_cpu, a.seconds, &dir, "64")?;
+    let frame4k = 14 + 20 + 8 + 12 + 4096 + 4;
+    p.say("dpdk-testpmd, frames of a 4096-byte path MTU");
+    let tp4k = memif_testpmd_rate(frame4k, a.tx_cpu, a.rx_cpu, a.seconds, &dir, "4k")?;
+    // 2. ferroce node to node.
+    let nodes = Nodes::start(a, &dir)?;
+    let (s, c) = (nodes.server.api.clone(), nodes.client.api.clone());
+    let mut port = 18800u16;
+    let mut next_port = || {
+        port += 1;
+        port
+    };
+    let result = (|| -> Result<_, String> {
+        let mut bw: Vec<(&str, u64, Run)> = Vec::new();
+        for op in ["write", "read", "send"] {
+            for &size in &sizes {
+                let n = bw_iters(size, a.quick);
+                p.say(&format!("{op} bw {size} B x {n}"));
+                let (sz, it) = (size.to_string(), n.to_string());
+                let (r, _) = perf(
+                    &s,
+                    &c,
+                    &[op, "bw", "-s", &sz, "-n", &it, "-m", "4096"],
+                    next_port(),
+                )?;
+                bw.push((op, size, r));
+            }
+        }
+        p.say("atomic bw (fetch-add)");
+        let n = if a.quick { "20000" } else { "200000" };
+        let (atomic, _) = perf(&s, &c, &["atomic", "bw", "-n", n], next_port())?;
+        let mut lat: Vec<(&str, u64, Run)> = Vec::new();
+        for op in ["write", "read", "send"] {
+            for &size in &LAT_SIZES {
+                let n = if a.quick { 2000 } else { 20_000 }.min(((256u64 << 20) / size).max(1000));
+                p.say(&format!("{op} lat {size} B x {n}"));
+                let (sz, it) = (size.to_string(), n.to_string());
+                let (r, _) = perf(
+                    &s,
+                    &c,
+                    &[op, "lat", "-s", &sz, "-n", &it, "-m", "4096"],
+                    next_port(),
+                )?;
+                lat.push((op, size, r));
+            }
+        }
+        p.say("atomic lat (fetch-add)");
+        let n = if a.quick { "2000" } else { "20000" };
+        let (alat, _) = perf(&s, &c, &["atomic", "lat", "-n", n], next_port())?;
+        Ok((bw, atomic, lat, alat))
+    })();
+    nodes.stop();
+    let (bw, atomic, lat, alat) = result?;
+    // 3. The kernel.
+    let lo = kernel(a, &[], "127.0.0.1", &mut p, "loopback")?;
+    let veth = Veth::up()?;
+    let ve = kernel(
+        a,
+        &["ip", "netns", "exec", Veth::NS],
+        "10.96.0.2",
+        &mut p,
+        "veth",
+    );
+    drop(veth);
+    let ve = ve?;
+    // 4. The report.
+    let md = report(a, tp64, tp4k, &bw, &atomic, &lat, &alat, &lo, &ve)?;
+    print!("{md}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn samples_us(r: &Run) -> Vec<f64> {
+    r["samples_ns"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(Value::as_f64)
+                .map(|x| x / 1000.0)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    a: &Args,
+    tp64: f64,
+    tp4k: f64,
+    bw: &[(&str, u64, Run)],
+    atomic: &Run,
+    lat: &[(&str, u64, Run)],
+    alat: &Run,
+    lo: &Kernel,
+    ve: &Kernel,
+) -> Result<String, String> {
+    let mut md = String::new();
+    let date = std::process::Command::new("date")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let get = |op: &str, size: u64| bw.iter().find(|x| x.0 == op && x.1 == size).map(|x| &x.2);
+    let w64 = get("write", 64).map_or(f64::NAN, |r| f(r, "msg_rate_mpps") * 1e6);
+    let w64k = get("write", 65536).map_or(f64::NAN, |r| f(r, "gbit_s"));
+    let tp4k_gbps = tp4k * (14 + 20 + 8 + 12 + 4096 + 4) as f64 * 8.0 / 1e9;
+    let w8 = lat
+        .iter()
+        .find(|x| x.0 == "write" && x.1 == 8)
+        .map_or(f64::NAN, |x| {
+            x.2["latency_us"]["typical"].as_f64().unwrap_or(f64::NAN)
+        });
+    let k_lo = median(&lo.pingpong_us);
+    let k_ve = median(&ve.pingpong_us);
+    let _ = writeln!(md, "# ferroce perftest report, {date}\n");
+    let _ = writeln!(
+        md,
+        "One run of `cargo run --release -p bench --bin perf_report` on this machine (2 CPUs, no NIC): \
+         dpdk-testpmd and the two roced nodes on net_memif, sender on CPU {}, receiver on CPU {}; \
+         ferroce through `rocectl perf` (perftest's tests and connection exchange, the QP's lcore \
+         posting the work requests), path MTU 4096, one QP, DCQCN on at line rate; the kernel \
+         between this process and a child on loopback and across a veth into a network namespace.\n",
+        a.tx_cpu, a.rx_cpu
+    );
+    let _ = writeln!(md, "## The issue's ratios\n");
+    let _ = writeln!(md, "| figure | ferroce | baseline | ratio | goal | met |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let row =
+        |md: &mut String, what: &str, x: String, base: String, r: f64, goal: &str, met: bool| {
+            let _ = writeln!(
+                md,
+                "| {what} | {x} | {base} | {r:.3} | {goal} | {} |",
+                if met { "yes" } else { "no" }
+            );
+        };
+    let r64 = w64 / tp64;
+    row(
+        &mut md,
+        "64 B WRITE message rate / testpmd 64 B packet rate",
+        format!("{:.2} M/s", w64 / 1e6),
+        format!("{:.2} Mpps", tp64 / 1e6),
+        r64,
+        ">= 0.6",
+        r64 >= 0.6,
+    );
+    let r64k = w64k / tp4k_gbps;
+    row(
+        &mut md,
+        "64 KiB WRITE bandwidth / testpmd bandwidth at 4 KiB-MTU frames",
+        format!("{w64k:.1} Gb/s"),
+        format!("{tp4k_gbps:.1} Gb/s"),
+        r64k,
+        ">= 0.9",
+        r64k >= 0.9,
+    );
+    let rl = w8 / k_lo;
+    row(
+        &mut md,
+        "8 B WRITE half round trip / kernel UDP ping-pong, loopback (medians)",
+        format!("{w8:.2} us"),
+        format!("{k_lo:.2} us"),
+        rl,
+        "<= 0.2",
+        rl <= 0.2,
+    );
+    let rv = w8 / k_ve;
+    row(
+        &mut md,
+        "8 B WRITE half round trip / kernel UDP ping-pong, veth (medians)",
+        format!("{w8:.2} us"),
+        format!("{k_ve:.2} us"),
+        rv,
+        "<= 0.2",
+        rv <= 0.2,
+    );
+    let _ = writeln!(
+        md,
+        "| rate at 100k QPs / 1 QP | not measured | | | >= 0.8 | no |\n\n\
+         The last row is open: `rocectl perf` runs one QP per test so far (no `-q`).\n"
+    );
+    let _ = writeln!(
+        md,
+        "## Bandwidth by message size (one QP, {} outstanding)\n",
+        128
+    );
+    let _ = writeln!(
+        md,
+        "| bytes | WRITE MB/s | WRITE Gb/s | WRITE Mmsg/s | READ MB/s | READ Mmsg/s | SEND MB/s | SEND Mmsg/s |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let sizes: Vec<u64> = bw.iter().filter(|x| x.0 == "write").map(|x| x.1).collect();
+    for &size in &sizes {
+        let cell = |op: &str, k: &str, d: usize| {
+            get(op, size).map_or("-".into(), |r| format!("{:.*}", d, f(r, k)))
+        };
+        let _ = writeln!(
+            md,
+            "| {size} | {} | {} | {} | {} | {} | {} | {} |",
+            cell("write", "bw_avg_mb_s", 1),
+            cell("write", "gbit_s", 2),
+            cell("write", "msg_rate_mpps", 3),
+            cell("read", "bw_avg_mb_s", 1),
+            cell("read", "msg_rate_mpps", 3),
+            cell("send", "bw_avg_mb_s", 1),
+            cell("send", "msg_rate_mpps", 3)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nAtomic (fetch-add) rate: **{:.3} M ops/s** ({} iterations).\n",
+        f(atomic, "msg_rate_mpps"),
+        atomic["iterations"]
+    );
+    let _ = writeln!(
+        md,
+        "dpdk-testpmd on the same memif and CPUs: **{:.2} Mpps** at 64 B frames, **{:.2} Mpps = {tp4k_gbps:.1} Gb/s** at {}-byte frames (what a 4096-byte path MTU sends).\n",
+        tp64 / 1e6,
+        tp4k / 1e6,
+        14 + 20 + 8 + 12 + 4096 + 4
+    );
+    let _ = writeln!(
+        md,
+        "## Latency (one message at a time; WRITE and SEND: half round trip of the ping-pong, READ and atomic: round trip), microseconds\n"
+    );
+    let _ = writeln!(
+        md,
+        "| test | bytes | iterations | t_min | t_typical | t_avg | t_stdev | 99% | 99.9% | t_max |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut lat_rows: Vec<(&str, u64, &Run)> = lat.iter().map(|x| (x.0, x.1, &x.2)).collect();
+    lat_rows.push(("atomic", 8, alat));
+    for (op, size, r) in &lat_rows {
+        let l = &r["latency_us"];
+        let g = |k: &str| l[k].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            md,
+            "| {op} | {size} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["iterations"],
+            g("min"),
+            g("typical"),
+            g("avg"),
+            g("stdev"),
+            g("p99"),
+            g("p99_9"),
+            g("max")
+        );
+    }
+    let _ = writeln!(md, "\n## The kernel, same machine\n");
+    let _ = writeln!(
+        md,
+        "| path | UDP ping-pong 8 B half round trip, median (us) | 99% (us) | TCP stream (Gb/s) | UDP 64 B datagrams (M/s) |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    for (name, k) in [("loopback", lo), ("veth (netns)", ve)] {
+        let mut v = k.pingpong_us.clone();
+        v.sort_by(f64::total_cmp);
+        let p99 = v
+            .get((v.len() as f64 * 0.99) as usize)
+            .copied()
+            .unwrap_or(f64::NAN);
+        let _ = writeln!(
+            md,
+            "| {name} | {:.2} | {p99:.2} | {:.2} | {:.3} |",
+            median(&k.pingpong_us),
+            k.tcp_gbps,
+            k.udp_mpps
+        );
+    }
+    let wr64k_ratio_kernel = w64k / lo.tcp_gbps;
+    let _ = writeln!(
+        md,
+        "\nferroce 64 KiB WRITE / kernel TCP on loopback: {wr64k_ratio_kernel:.2}; ferroce 64 B WRITE rate / kernel UDP 64 B datagram rate on loopback: {:.2}.\n",
+        w64 / 1e6 / lo.udp_mpps
+    );
+    // Plots.
+    if let Some(path) = &a.report {
+        let stem = path.with_extension("");
+        let bw_png = PathBuf::from(format!("{}-bandwidth.png", stem.display()));
+        let cdf_png = PathBuf::from(format!("{}-latency-cdf.png", stem.display()));
+        let series: Vec<(&str, Vec<(f64, f64)>)> = ["write", "read", "send"]
+            .iter()
+            .map(|op| {
+                (
+                    *op,
+                    bw.iter()
+                        .filter(|x| x.0 == *op)
+                        .map(|x| (x.1 as f64, f(&x.2, "gbit_s")))
+                        .collect(),
+                )
+            })
+            .collect();
+        let named: Vec<(&str, Vec<(f64, f64)>)> = series
+            .into_iter()
+            .map(|(op, v)| {
+                (
+                    match op {
+                        "write" => "ferroce WRITE",
+                        "read" => "ferroce READ",
+                        _ => "ferroce SEND",
+                    },
+                    v,
+                )
+            })
+            .collect();
+        bench::plot::bandwidth_vs_size(
+            &bw_png,
+            "ferroce over memif, one QP: bandwidth by message size",
+            &named,
+            &[
+                ("dpdk-testpmd limit (4 KiB-MTU frames)", tp4k_gbps),
+                ("kernel TCP, loopback", lo.tcp_gbps),
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        let w8s = lat
+            .iter()
+            .find(|x| x.0 == "write" && x.1 == 8)
+            .map(|x| samples_us(&x.2))
+            .unwrap_or_default();
+        let s8s = lat
+            .iter()
+            .find(|x| x.0 == "send" && x.1 == 8)
+            .map(|x| samples_us(&x.2))
+            .unwrap_or_default();
+        bench::plot::latency_cdf(
+            &cdf_png,
+            "8 B half round trips: ferroce over memif vs kernel UDP ping-pong",
+            &[
+                ("ferroce WRITE ping-pong", w8s),
+                ("ferroce SEND ping-pong", s8s),
+                ("kernel UDP, loopback", lo.pingpong_us.clone()),
+                ("kernel UDP, veth", ve.pingpong_us.clone()),
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        let name = |p: &Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let _ = writeln!(
+            md,
+            "## Plots\n\n![bandwidth]({})\n\n![latency CDF]({})\n",
+            name(&bw_png),
+            name(&cdf_png)
+        );
+        std::fs::write(path, &md).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(md)
+}
