@@ -71,9 +71,13 @@ pub struct PerfArgs {
     /// Messages to send. Default: 5000 for bandwidth, 1000 for latency.
     #[arg(long, short = 'n')]
     pub iters: Option<u64>,
-    /// Work requests outstanding at once.
+    /// Work requests outstanding at once (per QP).
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
+    /// QPs (bandwidth tests of WRITE, READ and atomics): each runs the test, `-n` messages,
+    /// all on one lcore of each node.
+    #[arg(long, short = 'q', default_value_t = 1)]
+    pub qps: usize,
     /// TCP port of the connection exchange.
     #[arg(long, short = 'p', default_value_t = crate::perftest::PORT)]
     pub oob_port: u16,
@@ -216,12 +220,18 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             "--size, --iters and --tx-depth must be above 0".into(),
         ));
     }
+    if a.qps != 1 && (a.kind == PerfKind::Lat || a.op == PerfOp::Send || a.qps == 0) {
+        return Err(Fail(
+            2,
+            "-q runs WRITE, READ and atomic bandwidth tests on 1 or more QPs".into(),
+        ));
+    }
     let gid = local_gid(c, a.port, a.gid_index)?;
+    if a.kind == PerfKind::Bw {
+        return bandwidth(c, a, gid, json, out);
+    }
     let size = a.size();
-    let rx_depth = a.iters().min(match a.kind {
-        PerfKind::Bw => SEND_BW_RX_DEPTH,
-        PerfKind::Lat => RX_DEPTH,
-    });
+    let rx_depth = a.iters().min(RX_DEPTH);
     let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth)?;
     let half = buf.half;
     let test = a.test();
@@ -253,6 +263,80 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         )?;
         return print_latency(a, role, &mine, &o, json, out);
     }
+    Err(Fail(2, "unreachable: bandwidth runs above".into()))
+}
+
+/// A bandwidth test on `a.qps` QPs (perftest's `-q`): one buffer, the QPs created and
+/// connected in bulk, their lcore posting for all of them.
+fn bandwidth(
+    c: &Client,
+    a: &PerfArgs,
+    gid: Ipv6Addr,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let size = a.size();
+    let rx_depth = a.iters().min(SEND_BW_RX_DEPTH);
+    let (mut made, buf) = Resources::buffer(c, size)?;
+    let q = c.call(
+        "POST",
+        "/v1/qps/bulk",
+        // Receive queues only where SENDs arrive (their CQs are allocated up front).
+        Some(json!({"count": a.qps, "max_send_wr": a.tx_depth,
+                    "max_recv_wr": if a.op == PerfOp::Send { rx_depth } else { 1 }})),
+    )?;
+    let qpns: Vec<u32> = q["qpns"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default();
+    made.qps.clone_from(&qpns);
+    let test = a.test();
+    let mine: Vec<Dest> = qpns
+        .iter()
+        .map(|&qpn| Dest {
+            lid: 0,
+            out_reads: test.out_reads(),
+            qpn,
+            psn: random_psn() ^ (qpn & 0xffff),
+            rkey: if test == Test::Send { 0 } else { buf.lkey },
+            vaddr: buf.addr + buf.half,
+            gid,
+            srqn: 0,
+        })
+        .collect();
+    let (stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
+    let mut oob = Oob::new(stream, role);
+    let connect = |mtu, remote: &[Dest]| {
+        let first = remote
+            .first()
+            .ok_or_else(|| Fail(1, "the peer sent no keys".into()))?;
+        let qps: Vec<Value> = mine
+            .iter()
+            .zip(remote)
+            .map(|(m, r)| {
+                json!({"qpn": m.qpn, "remote_qpn": r.qpn, "remote_psn": r.psn,
+                                 "local_psn": m.psn})
+            })
+            .collect();
+        let rgid = IpAddr::V6(first.gid).to_canonical();
+        c.call(
+            "POST",
+            "/v1/qps/bulk/connect",
+            Some(
+                json!({"qps": qps, "attr": {"remote_gid": rgid.to_string(), "mtu": mtu,
+                "max_rd_atomic": first.out_reads.clamp(1, 16), "min_rnr_timer": 12,
+                "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+                "access": ["remote-write", "remote-read", "remote-atomic"]}}),
+            ),
+        )
+        .map(drop)
+    };
+    let qpn0 = qpns.first().copied().unwrap_or(0);
     let o = crate::perftest::bw_exchange(
         &mut oob,
         test,
@@ -260,15 +344,15 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         &mine,
         connect,
         || match a.op {
-            PerfOp::Send => post_receives(c, qpn, &buf, rx_depth),
+            PerfOp::Send => post_receives(c, qpn0, &buf, rx_depth),
             _ => Ok(()),
         },
         |remote| match role {
-            Role::Client => run_bandwidth(c, a, qpn, &buf, remote),
-            Role::Server => receive_bandwidth(c, a, qpn, &buf, rx_depth),
+            Role::Client => run_bandwidth(c, a, &qpns, &buf, remote),
+            Role::Server => receive_bandwidth(c, a, qpn0, &buf, rx_depth),
         },
     )?;
-    print_bandwidth(a, role, &mine, &o, json, out)
+    print_bandwidth(a, role, &mine[0], &o, json, out)
 }
 
 /// Receives kept posted by a SEND latency test.
@@ -299,22 +383,19 @@ pub(crate) struct Resources<'a> {
     c: &'a Client,
     mr: Option<u32>,
     qp: Option<u32>,
+    /// QPs created in bulk.
+    qps: Vec<u32>,
 }
 
 impl<'a> Resources<'a> {
-    /// Registers a buffer of two halves of at least a page and `size` each, and creates a QP
-    /// with room for `tx_depth` sends and `rx_depth` receives.
-    pub(crate) fn create(
-        c: &'a Client,
-        size: u64,
-        tx_depth: u32,
-        rx_depth: u64,
-    ) -> Result<(Self, Buf, u32), Fail> {
+    /// Registers a buffer of two halves of at least a page and `size` each.
+    pub(crate) fn buffer(c: &'a Client, size: u64) -> Result<(Self, Buf), Fail> {
         let half = size.max(4096);
         let mut made = Resources {
             c,
             mr: None,
             qp: None,
+            qps: Vec::new(),
         };
         let mr = c.call(
             "POST",
@@ -329,6 +410,18 @@ impl<'a> Resources<'a> {
             size,
         };
         made.mr = Some(buf.lkey);
+        Ok((made, buf))
+    }
+
+    /// Registers a buffer of two halves of at least a page and `size` each, and creates a QP
+    /// with room for `tx_depth` sends and `rx_depth` receives.
+    pub(crate) fn create(
+        c: &'a Client,
+        size: u64,
+        tx_depth: u32,
+        rx_depth: u64,
+    ) -> Result<(Self, Buf, u32), Fail> {
+        let (mut made, buf) = Self::buffer(c, size)?;
         let qp = c.call(
             "POST",
             "/v1/qps",
@@ -344,6 +437,13 @@ impl Drop for Resources<'_> {
     fn drop(&mut self) {
         if let Some(q) = self.qp {
             let _ = self.c.call("DELETE", &format!("/v1/qps/{q}"), None);
+        }
+        if !self.qps.is_empty() {
+            let _ = self.c.call(
+                "POST",
+                "/v1/qps/bulk/destroy",
+                Some(json!({"qpns": self.qps})),
+            );
         }
         if let Some(k) = self.mr {
             let _ = self.c.call("DELETE", &format!("/v1/mrs/{k}"), None);
@@ -410,20 +510,27 @@ fn request(a: &PerfArgs, b: &Buf, remote: &Dest) -> Value {
     r
 }
 
-/// The bandwidth client: the QP's lcore posts the requests, `tx_depth` outstanding.
+/// The bandwidth client: the QPs' lcore posts the requests, `tx_depth` outstanding on each,
+/// each QP towards its peer's buffer.
 fn run_bandwidth(
     c: &Client,
     a: &PerfArgs,
-    qpn: u32,
+    qpns: &[u32],
     buf: &Buf,
-    remote: &Dest,
+    remote: &[Dest],
 ) -> Result<BwReport, Fail> {
-    let mut b = request(a, buf, remote);
-    b["count"] = json!(a.iters());
-    b["depth"] = json!(a.tx_depth.min(16384));
-    b["timeout_ms"] = json!(600_000);
-    let r = c.call("POST", &format!("/v1/qps/{qpn}/stream"), Some(b))?;
-    report(a, &r)
+    let first = remote
+        .first()
+        .ok_or_else(|| Fail(1, "the peer sent no keys".into()))?;
+    let targets: Vec<Value> = qpns
+        .iter()
+        .zip(remote)
+        .map(|(q, r)| json!({"qpn": q, "remote_addr": r.vaddr, "rkey": r.rkey}))
+        .collect();
+    let b = json!({"qps": targets, "wr": request(a, buf, first), "count": a.iters(),
+                   "depth": a.tx_depth.min(16384), "timeout_ms": 600_000});
+    let r = c.call("POST", "/v1/streams", Some(b))?;
+    report(a, &r, qpns.len() as u64)
 }
 
 /// The SEND bandwidth server: the QP's lcore takes the messages and reposts receives; its
@@ -438,21 +545,22 @@ fn receive_bandwidth(
     let body = json!({"wr_id": 2_000_000, "sge": b.sge(b.addr + b.half), "count": a.iters(),
                       "posted": posted, "timeout_ms": 600_000});
     let r = c.call("POST", &format!("/v1/qps/{qpn}/recv-stream"), Some(body))?;
-    report(a, &r)
+    report(a, &r, 1)
 }
 
-/// perftest's bandwidth figures from a stream's result.
-fn report(a: &PerfArgs, r: &Value) -> Result<BwReport, Fail> {
+/// perftest's bandwidth figures from a stream's result over `qps` QPs (iterations are per
+/// QP, as perftest counts them; bandwidth and rate are the sum).
+fn report(a: &PerfArgs, r: &Value, qps: u64) -> Result<BwReport, Fail> {
     let size = a.size();
     let done = r["completed"].as_u64().unwrap_or(0);
     let errors = r["errors"].as_u64().unwrap_or(0);
     let secs = r["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
-    if errors > 0 || done != a.iters() || secs <= 0.0 {
+    if errors > 0 || done != a.iters() * qps || secs <= 0.0 {
         return Err(Fail(
             1,
             format!(
                 "the test failed: {done} of {} messages completed, {errors} in error",
-                a.iters()
+                a.iters() * qps
             ),
         ));
     }
@@ -462,7 +570,7 @@ fn report(a: &PerfArgs, r: &Value) -> Result<BwReport, Fail> {
         .unwrap_or(secs * 1e9 / done as f64);
     Ok(BwReport {
         size,
-        iters: done,
+        iters: done / qps,
         bw_peak: size as f64 / (best / 1e9) / 1048576.0,
         bw_avg: bw,
         msg_rate: done as f64 / secs / 1e6,
@@ -600,14 +708,16 @@ fn print_bandwidth(
     });
     if json {
         let v = json!({"test": a.title(), "role": role_name(role),
-            "mtu": o.mtu, "local": dest_json(mine), "remote": dest_json(&o.remote),
+            "mtu": o.mtu, "qps": o.remote.len(), "local": dest_json(mine),
+            "remote": o.remote.first().map(dest_json),
             "bytes": r.size, "iterations": r.iters, "bw_peak_mb_s": r.bw_peak,
             "bw_avg_mb_s": r.bw_avg, "msg_rate_mpps": r.msg_rate,
             "gbit_s": r.bw_avg * 1048576.0 * 8.0 / 1e9});
         writeln!(out, "{v}").map_err(io)?;
         return Ok(0);
     }
-    header(a, role, o.mtu, mine, &o.remote, out).map_err(io)?;
+    let remote = o.remote.first().unwrap_or(mine);
+    header(a, role, o.mtu, mine, remote, out).map_err(io)?;
     writeln!(
         out,
         " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
@@ -684,9 +794,10 @@ fn header(
     let line = "-".repeat(87);
     writeln!(out, "{line}")?;
     writeln!(out, "{:>36}", a.title())?;
+    let qps = if a.kind == PerfKind::Bw { a.qps } else { 1 };
     writeln!(
         out,
-        " Number of qps   : 1\t\tTransport type : IB (RoCEv2, ferroce)"
+        " Number of qps   : {qps}\t\tTransport type : IB (RoCEv2, ferroce)"
     )?;
     writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF")?;
     if role == Role::Client && a.kind == PerfKind::Bw {

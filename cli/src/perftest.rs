@@ -320,12 +320,12 @@ impl Test {
 }
 
 /// What a bandwidth test's exchange gave.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BwOutcome {
     /// The path MTU both use.
     pub mtu: u32,
-    /// The peer's keys.
-    pub remote: Dest,
+    /// The peer's keys, one per QP.
+    pub remote: Vec<Dest>,
     /// The client's results (the client's own, or on a server of a WRITE, READ or ATOMIC test
     /// the ones it was sent; None on a SEND server, which measures for itself).
     pub report: Option<BwReport>,
@@ -383,17 +383,29 @@ pub fn lat_exchange<S: Read + Write, E: From<OobError>, R>(
 /// our QP to RTS once the keys are known, `ready()` runs on the server just before the last
 /// barrier ahead of traffic (a SEND server posts its receives there), and `run()` is the test
 /// itself (the client's, and a SEND server's) towards the peer's keys, giving our results.
+///
+/// With several QPs (`mine` has one `Dest` each) the keys go once per QP, in order, and the
+/// barriers after use the first QP's, as perftest's `-q` does.
 pub fn bw_exchange<S: Read + Write, E: From<OobError>>(
     oob: &mut Oob<S>,
     test: Test,
     mtu: u32,
-    mine: &Dest,
-    connect: impl FnOnce(u32, &Dest) -> Result<(), E>,
+    all: &[Dest],
+    connect: impl FnOnce(u32, &[Dest]) -> Result<(), E>,
     ready: impl FnOnce() -> Result<(), E>,
-    run: impl FnOnce(&Dest) -> Result<BwReport, E>,
+    run: impl FnOnce(&[Dest]) -> Result<BwReport, E>,
 ) -> Result<BwOutcome, E> {
+    let mine = all.first().ok_or_else(|| {
+        E::from(OobError::Malformed {
+            what: "local keys",
+            got: "no QP".into(),
+        })
+    })?;
     let mtu = oob.setup(mtu)?;
-    let remote = oob.keys(mine)?;
+    let mut remote = Vec::with_capacity(all.len());
+    for d in all {
+        remote.push(oob.keys(d)?);
+    }
     connect(mtu, &remote)?;
     for _ in 1..test.barriers_before() - 1 {
         oob.keys(mine)?;
@@ -521,7 +533,7 @@ mod tests {
             &mut oob,
             test,
             4096,
-            &dest(0x77),
+            &[dest(0x77)],
             |mtu, _| {
                 let want = if name.starts_with("mtu4k") {
                     4096
@@ -572,25 +584,25 @@ mod tests {
             assert_eq!(r.iters, 20, "{name}: the client's iterations reached us");
             assert!(r.bw_avg > 0.0 && r.msg_rate > 0.0, "{name}: {r:?}");
             assert_eq!(
-                out.remote.gid,
+                out.remote[0].gid,
                 "::ffff:10.233.0.10".parse::<Ipv6Addr>().unwrap()
             );
             let (out, ran) = replay(name, test, Role::Client);
             assert!(ran);
             assert_eq!(
-                out.remote.gid,
+                out.remote[0].gid,
                 "::ffff:10.233.0.11".parse::<Ipv6Addr>().unwrap()
             );
         }
         let (out, _) = replay("write_bw.pcap", Test::Write, Role::Server);
         assert_eq!(out.report.unwrap().size, 4096);
-        assert_eq!((out.remote.qpn, out.remote.rkey), (0x14, 0x53e));
+        assert_eq!((out.remote[0].qpn, out.remote[0].rkey), (0x14, 0x53e));
         let (out, _) = replay("mtu4k_write_bw.pcap", Test::Write, Role::Server);
         assert_eq!(out.report.unwrap().size, 65536);
         for role in [Role::Server, Role::Client] {
             let (out, ran) = replay("send_bw.pcap", Test::Send, role);
             assert!(ran, "both sides of a SEND test run");
-            assert_eq!(out.remote.rkey, 0, "SEND tests send no rkey");
+            assert_eq!(out.remote[0].rkey, 0, "SEND tests send no rkey");
         }
     }
 

@@ -126,17 +126,26 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/{qpn}/completions", get(qp_poll))
         .route("/v1/qps/{qpn}/stream", post(qp_stream))
         .route("/v1/qps/{qpn}/latency", post(qp_latency))
+        .route("/v1/qps/bulk", post(qp_bulk_create))
+        .route("/v1/qps/bulk/connect", post(qp_bulk_connect))
+        .route("/v1/qps/bulk/destroy", post(qp_bulk_destroy))
+        .route("/v1/streams", post(streams))
         .route("/v1/qps/{qpn}/recv-stream", post(qp_recv_stream))
         .route("/v1/stats", get(stats))
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
         })
+        // Request bodies up to 64 MiB: bulk QP requests for 200k QPs, and region writes.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authorize,
         ))
         .with_state(state)
 }
+
+/// Largest request body the API reads (axum's default is 2 MiB).
+pub const MAX_BODY: usize = 64 << 20;
 
 /// With a token set, every request but the liveness check must carry it as a bearer token.
 async fn authorize(
@@ -1046,6 +1055,167 @@ struct LatBody {
     rx_depth: Option<u64>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    count: usize,
+    #[serde(default)]
+    lcore: Option<usize>,
+    #[serde(default)]
+    max_send_wr: Option<u32>,
+    #[serde(default)]
+    max_recv_wr: Option<u32>,
+    #[serde(default)]
+    cc: Option<String>,
+}
+
+/// Most QPs one bulk request creates.
+const MAX_BULK: usize = 200_000;
+
+async fn qp_bulk_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: BulkBody = body(&b)?;
+    if !(1..=MAX_BULK).contains(&b.count) {
+        return Err(ApiError::bad(
+            "bad_count",
+            format!("count is 1 to {MAX_BULK}"),
+        ));
+    }
+    let d = QpCaps::default();
+    let caps = QpCaps {
+        max_send_wr: b.max_send_wr.unwrap_or(d.max_send_wr),
+        max_recv_wr: b.max_recv_wr.unwrap_or(d.max_recv_wr),
+        ..d
+    };
+    let cc: CcKind =
+        b.cc.as_deref()
+            .unwrap_or("dcqcn")
+            .parse()
+            .map_err(|e: &str| ApiError::bad("bad_cc", e))?;
+    let params = DcqcnParams::nvidia();
+    let (qpns, lcore) =
+        blocking(move || s.rdma.create_qps(b.lcore, b.count, caps, cc, params)).await?;
+    created(json!({"qpns": qpns, "lcore": lcore, "type": "RC", "state": "RESET"}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkPeer {
+    qpn: u32,
+    remote_qpn: u32,
+    #[serde(default)]
+    remote_psn: u32,
+    #[serde(default)]
+    local_psn: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkConnectBody {
+    qps: Vec<BulkPeer>,
+    attr: QpAttrBody,
+}
+
+async fn qp_bulk_connect(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: BulkConnectBody = body(&b)?;
+    if b.qps.is_empty() || b.qps.len() > MAX_BULK || b.attr.state.is_some() {
+        return Err(ApiError::bad(
+            "bad_attr",
+            format!("qps: 1 to {MAX_BULK}; attr: the attributes connect takes (no state)"),
+        ));
+    }
+    if b.attr.remote_gid.is_none() {
+        return Err(ApiError::bad("bad_attr", "attr.remote_gid is required"));
+    }
+    let base = attr_request(&b.attr, false)?;
+    let list: Vec<(u32, ConnectRequest)> = b
+        .qps
+        .iter()
+        .map(|p| {
+            let mut r = base.clone();
+            r.remote_qpn = p.remote_qpn;
+            r.remote_psn = p.remote_psn;
+            r.local_psn = p.local_psn;
+            (p.qpn, r)
+        })
+        .collect();
+    let n = list.len();
+    blocking(move || s.rdma.connect_qps(&list)).await?;
+    ok(json!({"connected": n}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkDestroyBody {
+    qpns: Vec<u32>,
+}
+
+async fn qp_bulk_destroy(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: BulkDestroyBody = body(&b)?;
+    if b.qpns.is_empty() || b.qpns.len() > MAX_BULK {
+        return Err(ApiError::bad("bad_count", format!("qpns: 1 to {MAX_BULK}")));
+    }
+    let n = b.qpns.len();
+    blocking(move || s.rdma.destroy_qps(&b.qpns)).await?;
+    ok(json!({"destroyed": n}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamTarget {
+    qpn: u32,
+    #[serde(default)]
+    remote_addr: Option<u64>,
+    #[serde(default)]
+    rkey: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamsBody {
+    qps: Vec<StreamTarget>,
+    wr: SendBody,
+    count: u64,
+    #[serde(default)]
+    depth: Option<usize>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let mut b: StreamsBody = body(&b)?;
+    let depth = b.depth.unwrap_or(64);
+    let wait_ms = b.timeout_ms.unwrap_or(60_000);
+    if b.qps.is_empty()
+        || b.qps.len() > MAX_BULK
+        || !(1..=100_000_000).contains(&b.count)
+        || !(1..=16384).contains(&depth)
+        || wait_ms > 600_000
+    {
+        return Err(ApiError::bad(
+            "bad_wr",
+            format!(
+                "qps: 1 to {MAX_BULK}, count 1 to 100000000, depth 1 to 16384, timeout_ms at most 600000"
+            ),
+        ));
+    }
+    let mut qps = Vec::with_capacity(b.qps.len());
+    for t in &b.qps {
+        if t.remote_addr.is_some() {
+            b.wr.remote_addr = t.remote_addr;
+        }
+        if t.rkey.is_some() {
+            b.wr.rkey = t.rkey;
+        }
+        qps.push((t.qpn, send_wr(&b.wr)?));
+    }
+    let (count, wait) = (b.count, Duration::from_millis(wait_ms));
+    let r = blocking(move || s.rdma.streams(qps, count, depth, wait)).await?;
+    ok(
+        json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
+              "best_ns_per_wr": Some(r.best_ns_per_wr).filter(|b| b.is_finite())}),
+    )
 }
 
 #[derive(Deserialize)]

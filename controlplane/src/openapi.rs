@@ -180,6 +180,37 @@ pub fn document() -> Value {
         json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
             "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
             "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
+    let bulk_path = json!({"post": op("Create `count` RC QPs (in RESET) on one lcore, all or none: a perftest run with several QPs",
+        vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
+            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 200000},
+                "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+                "max_send_wr": u32s, "max_recv_wr": u32s,
+                "cc": {"type": "string", "enum": ["dcqcn", "none"]}}}))),
+        json_ok(201, "the QPs", json!({"type": "object", "properties": {
+            "qpns": {"type": "array", "items": u32s}, "lcore": {"type": "integer"}}}), &[400, 409, 503]))});
+    let bulk_connect_path = json!({"post": op("Connect several QPs to RTS with shared attributes, all or none (the connected ones go back to RESET on a failure)",
+        vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "attr"],
+            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
+                "type": "object", "additionalProperties": false, "required": ["qpn", "remote_qpn"],
+                "properties": {"qpn": u32s, "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                    "local_psn": {"type": "integer", "minimum": 0, "maximum": 16777215}}}},
+                "attr": {"type": "object", "additionalProperties": false, "required": ["remote_gid"],
+                    "properties": attr_props.clone()}}}))),
+        json_ok(200, "connected", json!({"type": "object", "properties": {"connected": {"type": "integer"}}}),
+            &[400, 404, 409, 503]))});
+    let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
+        vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr", "count"],
+            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
+                "type": "object", "additionalProperties": false, "required": ["qpn"],
+                "properties": {"qpn": u32s, "remote_addr": u64s, "rkey": u32s}}},
+                "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
+                "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
+                "depth": {"type": "integer", "minimum": 1, "maximum": 16384},
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
+        json_ok(200, "done: the sum over the QPs, from the start to the last completion", json!({"type": "object", "properties": {
+            "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
+            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
     let latency_path = json!({"post": op("One of perftest's latency tests on the QP's lcore: request (READ/atomic, one at a time), write (WRITE ping-pong: poll is the byte the peer's WRITE sets, mark the last byte of ours) or send (SEND ping-pong over rx_depth receives already posted, reposted from recv)",
         vec![qpn()], Some(body(lat_body)),
         json_ok(200, "when each iteration was posted (ns from the first)", json!({"type": "object", "properties": {
@@ -326,6 +357,14 @@ pub fn document() -> Value {
                         "description": "fewest ns per work request from the first post to any completion (perftest's peak)"}}}),
                     &[400, 404, 409, 503]))},
             "/v1/qps/{qpn}/latency": latency_path,
+            "/v1/qps/bulk": bulk_path,
+            "/v1/qps/bulk/connect": bulk_connect_path,
+            "/v1/qps/bulk/destroy": {"post": op("Destroy several QPs, none if one of them does not exist", vec![],
+                Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns"],
+                    "properties": {"qpns": {"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s}}}))),
+                json_ok(200, "destroyed", json!({"type": "object", "properties": {"destroyed": {"type": "integer"}}}),
+                    &[400, 404, 503]))},
+            "/v1/streams": streams_path,
             "/v1/qps/{qpn}/recv-stream": recv_stream_path,
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",

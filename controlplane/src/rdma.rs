@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 const LCORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connect waits for the remote GID's MAC.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// QPs a node holds at most (a device's max_qp).
+pub const MAX_QPS: usize = 1 << 18;
+/// QPs one lcore command creates at most (a bulk create sends several).
+const BULK_CHUNK: usize = 1024;
 /// Largest region one registration may ask for.
 pub const MAX_MR_BYTES: usize = 1 << 30;
 
@@ -227,6 +231,22 @@ pub struct ConnectRequest {
     pub access: Access,
     /// DSCP of its packets.
     pub dscp: u8,
+}
+
+/// The connect a request asks for, on `path`.
+fn connect_of(path: Path, r: &ConnectRequest) -> Connect {
+    Connect {
+        access: r.access,
+        sq_psn: r.local_psn,
+        rq_psn: r.remote_psn,
+        timeout: r.timeout,
+        retry_cnt: r.retry_cnt,
+        rnr_retry: r.rnr_retry,
+        min_rnr_timer: r.min_rnr_timer,
+        max_rd_atomic: r.max_rd_atomic,
+        max_dest_rd_atomic: r.max_rd_atomic,
+        ..Connect::new(path, r.mtu, r.remote_qpn)
+    }
 }
 
 /// Where a new QP goes: its protection domain and the created CQs its send and receive
@@ -773,6 +793,12 @@ impl Rdma {
             }
         }
         let mut qps = self.qps.lock().expect("qp table");
+        if qps.len() >= MAX_QPS {
+            return Err(ApiError::conflict(
+                "too_many",
+                format!("the node holds {MAX_QPS} QPs already"),
+            ));
+        }
         let lcore = match cq_lcore {
             Some(l) => l,
             None => self.pick_lcore(lcore, &qps)?,
@@ -796,6 +822,171 @@ impl Rdma {
             },
         );
         Ok((qpn, lcore))
+    }
+
+    /// Creates `count` RC QPs in RESET on one lcore (`lcore`, or the least loaded), all or
+    /// none: a perftest run with several QPs.
+    pub fn create_qps(
+        &self,
+        lcore: Option<usize>,
+        count: usize,
+        caps: QpCaps,
+        cc: CcKind,
+        params: DcqcnParams,
+    ) -> Result<(Vec<u32>, usize), ApiError> {
+        params
+            .validate()
+            .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
+        let mut qps = self.qps.lock().expect("qp table");
+        if qps.len() + count > MAX_QPS {
+            return Err(ApiError::conflict(
+                "too_many",
+                format!(
+                    "the node holds {} QPs of {MAX_QPS}: {count} more do not fit",
+                    qps.len()
+                ),
+            ));
+        }
+        let lcore = self.pick_lcore(lcore, &qps)?;
+        let pd = self.pd_or_default(None)?;
+        // In chunks, so the lcore never stops polling its queues for long.
+        let mut made: Vec<u32> = Vec::with_capacity(count);
+        while made.len() < count {
+            let n = (count - made.len()).min(BULK_CHUNK);
+            let r = self
+                .ask(lcore, |reply| RdmaCommand::CreateQps {
+                    count: n,
+                    caps,
+                    cc,
+                    params,
+                    reply,
+                })
+                .and_then(|r| r.map_err(|e| ApiError::bad("bad_caps", e)));
+            match r {
+                Ok(q) => made.extend(q),
+                Err(e) => {
+                    for &q in &made {
+                        let _ = self.ask(lcore, |reply| RdmaCommand::DestroyQp { qpn: q, reply });
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        for &qpn in &made {
+            qps.insert(
+                qpn,
+                QpMeta {
+                    lcore,
+                    pd,
+                    cqs: [None; 2],
+                },
+            );
+        }
+        Ok((made, lcore))
+    }
+
+    /// Connects several QPs (each `(qpn, request)`) towards one remote GID, all or none: the
+    /// path is resolved once, and each lcore takes its QPs in chunks.
+    pub fn connect_qps(&self, list: &[(u32, ConnectRequest)]) -> Result<(), ApiError> {
+        let Some((q0, r0)) = list.first() else {
+            return Ok(());
+        };
+        if list.iter().any(|(_, r)| r.remote_gid != r0.remote_gid) {
+            return Err(ApiError::bad(
+                "bad_attr",
+                "a bulk connect goes to one remote GID",
+            ));
+        }
+        let (path, port) = self.path_for(*q0, r0)?;
+        let mut by_lcore: BTreeMap<usize, Vec<(u32, Connect)>> = BTreeMap::new();
+        for (qpn, r) in list {
+            if r.remote_qpn > 0xff_ffff || r.remote_psn > 0xff_ffff || r.local_psn > 0xff_ffff {
+                return Err(ApiError::bad(
+                    "bad_attr",
+                    "QPNs and PSNs are 24-bit (at most 16777215)",
+                ));
+            }
+            let l = self.lcore_of(*qpn)?;
+            let p = Path {
+                udp_sport: udp_sport(*qpn, path.local_ip, r.remote_gid, r.remote_qpn),
+                ..path
+            };
+            by_lcore
+                .entry(l)
+                .or_default()
+                .push((*qpn, connect_of(p, r)));
+        }
+        let mut done: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (l, all) in by_lcore {
+            for chunk in all.chunks(BULK_CHUNK) {
+                let qpns: Vec<u32> = chunk.iter().map(|c| c.0).collect();
+                let r = self
+                    .ask(l, |reply| RdmaCommand::ConnectMany {
+                        list: chunk.to_vec(),
+                        port,
+                        reply,
+                    })
+                    .and_then(|r| r.map_err(|e| ApiError::conflict("bad_state", e)));
+                if let Err(e) = r {
+                    for (l, qs) in &done {
+                        for q in qs {
+                            let _ = self.ask(*l, |reply| RdmaCommand::Modify {
+                                qpn: *q,
+                                attr: Box::new(QpAttr {
+                                    state: Some(QpState::Reset),
+                                    ..Default::default()
+                                }),
+                                port,
+                                reply,
+                            });
+                        }
+                    }
+                    return Err(e);
+                }
+                done.push((l, qpns));
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys several QPs: none if one of them does not exist.
+    pub fn destroy_qps(&self, qpns: &[u32]) -> Result<(), ApiError> {
+        for &q in qpns {
+            self.lcore_of(q)?;
+        }
+        for &q in qpns {
+            self.destroy_qp(q)?;
+        }
+        Ok(())
+    }
+
+    /// Streams on several QPs of one lcore at once (see `RdmaCommand::Streams`).
+    pub fn streams(
+        &self,
+        qps: Vec<(u32, SendWr)>,
+        count: u64,
+        depth: usize,
+        wait: Duration,
+    ) -> Result<StreamResult, ApiError> {
+        let Some(&(first, _)) = qps.first() else {
+            return Err(ApiError::bad("bad_wr", "no QPs"));
+        };
+        let l = self.lcore_of(first)?;
+        for (q, _) in &qps {
+            if self.lcore_of(*q)? != l {
+                return Err(ApiError::bad(
+                    "bad_wr",
+                    "a several-QP stream runs on one lcore: its QPs must share it",
+                ));
+            }
+        }
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(first, "stream", codes, wait, |reply| RdmaCommand::Streams {
+            qps,
+            count,
+            depth,
+            reply,
+        })
     }
 
     fn lcore_of(&self, qpn: u32) -> Result<usize, ApiError> {
@@ -956,18 +1147,7 @@ impl Rdma {
     pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
         let (path, port) = self.path_for(qpn, r)?;
-        let c = Connect {
-            access: r.access,
-            sq_psn: r.local_psn,
-            rq_psn: r.remote_psn,
-            timeout: r.timeout,
-            retry_cnt: r.retry_cnt,
-            rnr_retry: r.rnr_retry,
-            min_rnr_timer: r.min_rnr_timer,
-            max_rd_atomic: r.max_rd_atomic,
-            max_dest_rd_atomic: r.max_rd_atomic,
-            ..Connect::new(path, r.mtu, r.remote_qpn)
-        };
+        let c = connect_of(path, r);
         self.ask(l, |reply| RdmaCommand::Connect {
             qpn,
             c: Box::new(c),

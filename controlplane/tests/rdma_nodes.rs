@@ -1055,6 +1055,14 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         ("write", vec!["-s", "65536", "-n", "500", "-m", "4096"]),
         ("send", vec!["-s", "4096", "-n", "3000"]),
         ("send", vec!["-s", "65536", "-n", "500", "-m", "4096"]),
+        (
+            "write",
+            vec!["-s", "4096", "-n", "300", "-q", "16", "-t", "4"],
+        ),
+        (
+            "read",
+            vec!["-s", "1024", "-n", "300", "-q", "40", "-t", "2"],
+        ),
     ] {
         oob += 1;
         let port = oob.to_string();

@@ -168,6 +168,32 @@ pub enum RdmaCommand {
         /// Done, or why not.
         reply: Sender<Result<(), String>>,
     },
+    /// Creates `count` QPs in RESET (default PD, CQs of their own), all or none.
+    CreateQps {
+        /// How many.
+        count: usize,
+        /// Caps of each.
+        caps: QpCaps,
+        /// Congestion control.
+        cc: CcKind,
+        /// DCQCN settings.
+        params: DcqcnParams,
+        /// Their QPNs, or why not.
+        reply: Sender<Result<Vec<u32>, String>>,
+    },
+    /// Streams on several QPs at once (a perftest run with several QPs): each QP posts `count`
+    /// copies of its own request, `depth` outstanding; replies once all are done, with their
+    /// sum and the time from the start to the last completion.
+    Streams {
+        /// Each QP and the request it repeats.
+        qps: Vec<(u32, SendWr)>,
+        /// Requests per QP.
+        count: u64,
+        /// Outstanding per QP.
+        depth: usize,
+        /// The result, or why it could not start.
+        reply: Sender<Result<StreamResult, String>>,
+    },
     /// Takes a QP to RTS, its packets leaving by `port`.
     Connect {
         /// The QP.
@@ -177,6 +203,15 @@ pub enum RdmaCommand {
         /// The port for its path.
         port: usize,
         /// Done, or why not.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Takes several QPs to RTS, their packets leaving by `port`; all or none.
+    ConnectMany {
+        /// Each QP and how.
+        list: Vec<(u32, Connect)>,
+        /// The port for their paths.
+        port: usize,
+        /// Done, or the first refusal.
         reply: Sender<Result<(), String>>,
     },
     /// Modifies a QP (ibv_modify_qp); `port` is the port its packets leave by, when the
@@ -459,6 +494,23 @@ struct Stream {
     started: crate::time::Instant,
     /// The fewest nanoseconds per completed work request over any prefix of the run.
     best_ns_per_wr: f64,
+    reply: StreamReply,
+}
+
+/// Where a finished stream reports.
+enum StreamReply {
+    /// Its own caller.
+    One(Sender<Result<StreamResult, String>>),
+    /// The group (index in `RdmaHost::groups`) of a several-QP run.
+    Group(usize),
+}
+
+/// A several-QP run: its streams report here; the last one to finish replies.
+struct StreamGroup {
+    remaining: usize,
+    completed: u64,
+    errors: u64,
+    started: crate::time::Instant,
     reply: Sender<Result<StreamResult, String>>,
 }
 
@@ -517,6 +569,8 @@ pub struct RdmaHost<B> {
     wcs: Vec<WorkCompletion>,
     /// QPs running a latency test (their peer's WRITEs are seen by polling memory).
     lats: Vec<u32>,
+    /// Several-QP stream runs in progress.
+    groups: Vec<Option<StreamGroup>>,
     /// Completion latency of its QPs' signalled send work, by opcode.
     latency: LatencyHistograms,
 }
@@ -555,6 +609,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             handoff_drops: 0,
             wcs: Vec::with_capacity(64),
             lats: Vec::new(),
+            groups: Vec::new(),
             latency: LatencyHistograms::default(),
         }
     }
@@ -695,17 +750,42 @@ impl<B: PacketBuf> RdmaHost<B> {
             posted = true;
         }
         let failed = slot.qp.cfg.state == super::qp::QpState::Err;
+        let mut finished = None;
         if st.to_post == 0 && st.outstanding == 0 || failed {
             let st = slot.stream.take().expect("stream present");
-            let _ = st.reply.send(Ok(StreamResult {
+            let r = StreamResult {
                 completed: st.done,
                 errors: st.errors + st.to_post + st.outstanding as u64,
                 elapsed_ns: now.0.saturating_sub(st.started.0),
                 best_ns_per_wr: st.best_ns_per_wr,
-            }));
+            };
+            match st.reply {
+                StreamReply::One(tx) => {
+                    let _ = tx.send(Ok(r));
+                }
+                StreamReply::Group(g) => finished = Some((g, r)),
+            }
         }
         if posted {
             self.mark_ready(i);
+        }
+        if let Some((g, r)) = finished
+            && let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut)
+        {
+            grp.completed += r.completed;
+            grp.errors += r.errors;
+            grp.remaining -= 1;
+            if grp.remaining == 0 {
+                let grp = self.groups[g].take().expect("group present");
+                let elapsed = now.0.saturating_sub(grp.started.0);
+                let _ = grp.reply.send(Ok(StreamResult {
+                    completed: grp.completed,
+                    errors: grp.errors,
+                    elapsed_ns: elapsed,
+                    // The group keeps no per-completion times: its average.
+                    best_ns_per_wr: elapsed as f64 / grp.completed.max(1) as f64,
+                }));
+            }
         }
     }
 
@@ -977,12 +1057,126 @@ impl<B: PacketBuf> RdmaHost<B> {
                     self.timers.cancel(i);
                 }
             }
-            if sent == QP_BUDGET || blocked {
+            if blocked {
+                // The port is busy: this QP goes first next time, and the rest wait where
+                // they are (scanning them all again on every loop while the port drains
+                // would cost O(QPs) per iteration and starve the receive side).
+                s.ready = true;
+                self.ready.push_front(i);
+                self.settle(i as usize);
+                break;
+            }
+            if sent == QP_BUDGET {
                 s.ready = true;
                 self.ready.push_back(i);
             }
             self.settle(i as usize);
         }
+    }
+
+    /// Creates a QP in RESET; its QPN, or why not.
+    fn create_qp(
+        &mut self,
+        caps: QpCaps,
+        pd: Option<u32>,
+        cqs: [Option<u32>; 2],
+        cc: CcKind,
+        params: DcqcnParams,
+    ) -> Result<u32, String> {
+        let pd = PdHandle(pd.unwrap_or(self.pd.0));
+        if !self.mrs.has_pd(pd) {
+            return Err(format!("no PD {}", pd.0));
+        }
+        let mut bound = [None; 2];
+        for (b, c) in bound.iter_mut().zip(cqs) {
+            if let Some(cqn) = c {
+                match self.cq_index(cqn) {
+                    Some(i) => *b = Some(i as u32),
+                    None => return Err(format!("no CQ {cqn} on this lcore")),
+                }
+            }
+        }
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
+                // QPNs 0 and 1 are the special QPs: shard 0 never hands them out.
+                if self.slots.is_empty() && self.shard == 0 {
+                    self.slots.push(None);
+                    self.slots.push(None);
+                }
+                self.slots.push(None);
+                self.slots.len() as u32 - 1
+            }
+            None => return Err(CapsError::OutOfRange("QPs on this lcore").to_string()),
+        };
+        let r = RcQp::new(self.qpn(i), pd, caps).map(|mut qp| {
+            qp.set_congestion_control(cc, self.line_bps, params);
+            let qpn = qp.qpn;
+            self.slots[i as usize] = Some(Slot {
+                qp,
+                port: self.port,
+                scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
+                rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
+                bound,
+                ready: false,
+                stream: None,
+                rstream: None,
+                lat: None,
+            });
+            qpn
+        });
+        match r {
+            Ok(_) => {
+                for c in bound.into_iter().flatten() {
+                    if let Some((_, users)) = self.cqs[c as usize].as_mut() {
+                        *users += 1;
+                    }
+                }
+            }
+            Err(_) => self.free.push(i),
+        }
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Destroys a QP; false if there is no such QP here.
+    fn destroy_qp(&mut self, qpn: u32) -> bool {
+        let Some(i) = self.index(qpn) else {
+            return false;
+        };
+        if let Some(s) = self.slots[i].take() {
+            self.retired.add(&s.qp.counters);
+            for c in s.bound.into_iter().flatten() {
+                if let Some((_, users)) = self.cqs[c as usize].as_mut() {
+                    *users -= 1;
+                }
+            }
+            // A several-QP run loses this member: what it had not done counts as errors,
+            // and the run ends when the others do.
+            if let Some(Stream {
+                reply: StreamReply::Group(g),
+                to_post,
+                outstanding,
+                done,
+                errors,
+                ..
+            }) = s.stream
+                && let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut)
+            {
+                grp.completed += done;
+                grp.errors += errors + to_post + outstanding as u64;
+                grp.remaining -= 1;
+                if grp.remaining == 0 {
+                    let grp = self.groups[g].take().expect("group present");
+                    let _ = grp.reply.send(Err(format!(
+                        "QP {qpn} was destroyed during the run ({} completed)",
+                        grp.completed
+                    )));
+                }
+            }
+        }
+        self.timers.cancel(i as u32);
+        self.free.push(i as u32);
+        true
     }
 
     fn command(&mut self, cmd: RdmaCommand, now: crate::time::Instant) {
@@ -1099,67 +1293,30 @@ impl<B: PacketBuf> RdmaHost<B> {
                 params,
                 reply,
             } => {
-                let pd = PdHandle(pd.unwrap_or(self.pd.0));
-                if !self.mrs.has_pd(pd) {
-                    let _ = reply.send(Err(format!("no PD {}", pd.0)));
-                    return;
-                }
-                let mut bound = [None; 2];
-                for (b, c) in bound.iter_mut().zip(cqs) {
-                    if let Some(cqn) = c {
-                        match self.cq_index(cqn) {
-                            Some(i) => *b = Some(i as u32),
-                            None => {
-                                let _ = reply.send(Err(format!("no CQ {cqn} on this lcore")));
-                                return;
+                let _ = reply.send(self.create_qp(caps, pd, cqs, cc, params));
+            }
+            RdmaCommand::CreateQps {
+                count,
+                caps,
+                cc,
+                params,
+                reply,
+            } => {
+                let mut made = Vec::with_capacity(count);
+                for _ in 0..count {
+                    match self.create_qp(caps, None, [None; 2], cc, params) {
+                        Ok(q) => made.push(q),
+                        Err(e) => {
+                            // All or nothing.
+                            for q in made.drain(..) {
+                                self.destroy_qp(q);
                             }
+                            let _ = reply.send(Err(e));
+                            return;
                         }
                     }
                 }
-                let i = match self.free.pop() {
-                    Some(i) => i,
-                    None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
-                        // QPNs 0 and 1 are the special QPs: shard 0 never hands them out.
-                        if self.slots.is_empty() && self.shard == 0 {
-                            self.slots.push(None);
-                            self.slots.push(None);
-                        }
-                        self.slots.push(None);
-                        self.slots.len() as u32 - 1
-                    }
-                    None => {
-                        let _ =
-                            reply.send(Err(CapsError::OutOfRange("QPs on this lcore").to_string()));
-                        return;
-                    }
-                };
-                let r = RcQp::new(self.qpn(i), pd, caps).map(|mut qp| {
-                    qp.set_congestion_control(cc, self.line_bps, params);
-                    let qpn = qp.qpn;
-                    self.slots[i as usize] = Some(Slot {
-                        qp,
-                        port: self.port,
-                        scq: CompletionQueue::new(caps.max_send_wr as usize * 2),
-                        rcq: CompletionQueue::new(caps.max_recv_wr as usize * 2),
-                        bound,
-                        ready: false,
-                        stream: None,
-                        rstream: None,
-                        lat: None,
-                    });
-                    qpn
-                });
-                match r {
-                    Ok(_) => {
-                        for c in bound.into_iter().flatten() {
-                            if let Some((_, users)) = self.cqs[c as usize].as_mut() {
-                                *users += 1;
-                            }
-                        }
-                    }
-                    Err(_) => self.free.push(i),
-                }
-                let _ = reply.send(r.map_err(|e| e.to_string()));
+                let _ = reply.send(Ok(made));
             }
             RdmaCommand::Connect {
                 qpn,
@@ -1172,6 +1329,34 @@ impl<B: PacketBuf> RdmaHost<B> {
                     s.port = port;
                     Ok(())
                 });
+                let _ = reply.send(r);
+            }
+            RdmaCommand::ConnectMany { list, port, reply } => {
+                let mut done = 0;
+                let mut r = Ok(());
+                for (qpn, c) in list.iter() {
+                    r = self.on_qp(*qpn, false, |s| {
+                        s.qp.connect(c).map_err(|e| format!("QP {qpn}: {e}"))?;
+                        s.port = port;
+                        Ok(())
+                    });
+                    if r.is_err() {
+                        break;
+                    }
+                    done += 1;
+                }
+                if r.is_err() {
+                    // All or nothing: the ones connected go back to RESET.
+                    let reset = super::qp::QpAttr {
+                        state: Some(super::qp::QpState::Reset),
+                        ..Default::default()
+                    };
+                    for (qpn, _) in &list[..done] {
+                        let _ = self.on_qp(*qpn, false, |s| {
+                            s.qp.modify(&reset).map_err(|e| e.to_string())
+                        });
+                    }
+                }
                 let _ = reply.send(r);
             }
             RdmaCommand::Modify {
@@ -1293,9 +1478,70 @@ impl<B: PacketBuf> RdmaHost<B> {
                     errors: 0,
                     started: now,
                     best_ns_per_wr: f64::INFINITY,
-                    reply,
+                    reply: StreamReply::One(reply),
                 });
                 self.feed(i, now);
+            }
+            RdmaCommand::Streams {
+                qps,
+                count,
+                depth,
+                reply,
+            } => {
+                // Every QP must be able to start, or none does.
+                let mut slots = Vec::with_capacity(qps.len());
+                for (qpn, _) in &qps {
+                    let ok = self.index(*qpn).and_then(|i| {
+                        let s = self.slots[i].as_ref()?;
+                        (s.stream.is_none() && s.qp.cfg.state == super::qp::QpState::Rts)
+                            .then_some(i)
+                    });
+                    match ok {
+                        Some(i) => slots.push(i),
+                        None => {
+                            let _ = reply.send(Err(format!(
+                                "QP {qpn} is not here, not in RTS or already streaming"
+                            )));
+                            return;
+                        }
+                    }
+                }
+                if slots.is_empty() {
+                    let _ = reply.send(Err("no QPs".into()));
+                    return;
+                }
+                let g = match self.groups.iter().position(Option::is_none) {
+                    Some(g) => g,
+                    None => {
+                        self.groups.push(None);
+                        self.groups.len() - 1
+                    }
+                };
+                self.groups[g] = Some(StreamGroup {
+                    remaining: slots.len(),
+                    completed: 0,
+                    errors: 0,
+                    started: now,
+                    reply,
+                });
+                for (&i, (_, wr)) in slots.iter().zip(qps) {
+                    if let Some(s) = self.slots[i].as_mut() {
+                        s.stream = Some(Stream {
+                            wr,
+                            depth: depth.max(1),
+                            to_post: count,
+                            outstanding: 0,
+                            done: 0,
+                            errors: 0,
+                            started: now,
+                            best_ns_per_wr: f64::INFINITY,
+                            reply: StreamReply::Group(g),
+                        });
+                    }
+                }
+                for i in slots {
+                    self.feed(i, now);
+                }
             }
             RdmaCommand::RecvStream {
                 qpn,
@@ -1415,22 +1661,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
             }
             RdmaCommand::DestroyQp { qpn, reply } => {
-                let ok = match self.index(qpn) {
-                    Some(i) => {
-                        if let Some(s) = self.slots[i].take() {
-                            self.retired.add(&s.qp.counters);
-                            for c in s.bound.into_iter().flatten() {
-                                if let Some((_, users)) = self.cqs[c as usize].as_mut() {
-                                    *users -= 1;
-                                }
-                            }
-                        }
-                        self.timers.cancel(i as u32);
-                        self.free.push(i as u32);
-                        true
-                    }
-                    None => false,
-                };
+                let ok = self.destroy_qp(qpn);
                 let _ = reply.send(ok);
             }
         }
