@@ -646,19 +646,10 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         Cmd::Pd { verb } => {
             let v = match verb {
                 PdVerb::Create => c.call("POST", "/v1/pds", Some(json!({})))?,
-                PdVerb::Show { pdn: Some(p) } => c.call("GET", &format!("/v1/pds/{p}"), None)?,
-                PdVerb::Show { pdn: None } => c.call("GET", "/v1/pds", None)?,
+                PdVerb::Show { pdn } => one_or_all(&c, "/v1/pds", *pdn)?,
                 PdVerb::Destroy { pdn } => c.call("DELETE", &format!("/v1/pds/{pdn}"), None)?,
             };
-            if !cli.json && !v.is_null() {
-                let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
-                table(
-                    out,
-                    &["pdn", "mrs", "qps"],
-                    list.iter()
-                        .map(|p| vec![s(&p["pdn"]), s(&p["mrs"]), s(&p["qps"])]),
-                )
-                .map_err(io)?;
+            if as_table(&v, cli.json, out, pd_table)? {
                 return Ok(0);
             }
             v
@@ -674,20 +665,14 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                         ("pd", json!(pd)),
                     ])),
                 )?;
-                if !cli.json {
-                    mr_table(out, std::slice::from_ref(&v)).map_err(io)?;
+                if as_table(&v, cli.json, out, mr_table)? {
                     return Ok(0);
                 }
                 v
             }
             MrVerb::Show { key } => {
-                let v = match key {
-                    Some(k) => c.call("GET", &format!("/v1/mrs/{k}"), None)?,
-                    None => c.call("GET", "/v1/mrs", None)?,
-                };
-                if !cli.json {
-                    let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
-                    mr_table(out, &list).map_err(io)?;
+                let v = one_or_all(&c, "/v1/mrs", *key)?;
+                if as_table(&v, cli.json, out, mr_table)? {
                     return Ok(0);
                 }
                 v
@@ -817,20 +802,14 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                     "/v1/cqs",
                     Some(object(&[("cqe", json!(cqe)), ("lcore", json!(lcore))])),
                 )?;
-                if !cli.json {
-                    cq_table(out, std::slice::from_ref(&v)).map_err(io)?;
+                if as_table(&v, cli.json, out, cq_table)? {
                     return Ok(0);
                 }
                 v
             }
             CqVerb::Show { cqn } => {
-                let v = match cqn {
-                    Some(n) => c.call("GET", &format!("/v1/cqs/{n}"), None)?,
-                    None => c.call("GET", "/v1/cqs", None)?,
-                };
-                if !cli.json {
-                    let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
-                    cq_table(out, &list).map_err(io)?;
+                let v = one_or_all(&c, "/v1/cqs", *cqn)?;
+                if as_table(&v, cli.json, out, cq_table)? {
                     return Ok(0);
                 }
                 v
@@ -1111,6 +1090,29 @@ fn decode(
     Ok(0)
 }
 
+/// `base/id`, or every object at `base` when no id is given.
+fn one_or_all(c: &Client, base: &str, id: Option<u32>) -> Result<Value, Fail> {
+    match id {
+        Some(k) => c.call("GET", &format!("{base}/{k}"), None),
+        None => c.call("GET", base, None),
+    }
+}
+
+/// Prints `v` (one object or a list) with `table` unless --json; whether it printed.
+fn as_table(
+    v: &Value,
+    json: bool,
+    out: &mut dyn Write,
+    table: fn(&mut dyn Write, &[Value]) -> std::io::Result<()>,
+) -> Result<bool, Fail> {
+    if json || v.is_null() {
+        return Ok(false);
+    }
+    let list = v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
+    table(out, &list).map_err(|e| Fail(2, e.to_string()))?;
+    Ok(true)
+}
+
 /// A JSON object of the fields that are set (options left out rather than sent as null).
 fn object(fields: &[(&str, Value)]) -> Value {
     Value::Object(
@@ -1199,6 +1201,15 @@ fn mr_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
                     .unwrap_or_default(),
             ]
         }),
+    )
+}
+
+fn pd_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
+    table(
+        out,
+        &["pdn", "mrs", "qps"],
+        list.iter()
+            .map(|p| vec![s(&p["pdn"]), s(&p["mrs"]), s(&p["qps"])]),
     )
 }
 

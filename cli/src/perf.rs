@@ -248,22 +248,16 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     let (stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
     let mut oob = Oob::new(stream, role);
     let connect = |mtu, remote: &Dest| connect_qp(c, qpn, remote, mine.psn, mtu, remote.out_reads);
-    if a.kind == PerfKind::Lat {
-        let o = crate::perftest::lat_exchange(
-            &mut oob,
-            test,
-            a.mtu,
-            &mine,
-            connect,
-            || match a.op {
-                PerfOp::Send => post_receives(c, qpn, &buf, rx_depth),
-                _ => Ok(()),
-            },
-            |remote| run_latency(c, a, qpn, &buf, remote, role, rx_depth),
-        )?;
-        return print_latency(a, role, &mine, &o, json, out);
-    }
-    Err(Fail(2, "unreachable: bandwidth runs above".into()))
+    let o = crate::perftest::lat_exchange(
+        &mut oob,
+        test,
+        a.mtu,
+        &mine,
+        connect,
+        || send_receives(c, a, qpn, &buf, rx_depth),
+        |remote| run_latency(c, a, qpn, &buf, remote, role, rx_depth),
+    )?;
+    print_latency(a, role, &mine, &o, json, out)
 }
 
 /// A bandwidth test on `a.qps` QPs (perftest's `-q`): one buffer, the QPs created and
@@ -343,10 +337,7 @@ fn bandwidth(
         a.mtu,
         &mine,
         connect,
-        || match a.op {
-            PerfOp::Send => post_receives(c, qpn0, &buf, rx_depth),
-            _ => Ok(()),
-        },
+        || send_receives(c, a, qpn0, &buf, rx_depth),
         |remote| match role {
             Role::Client => run_bandwidth(c, a, &qpns, &buf, remote),
             Role::Server => receive_bandwidth(c, a, qpn0, &buf, rx_depth),
@@ -575,6 +566,16 @@ fn report(a: &PerfArgs, r: &Value, qps: u64) -> Result<BwReport, Fail> {
         bw_avg: bw,
         msg_rate: done as f64 / secs / 1e6,
     })
+}
+
+/// A SEND test's receives, posted before the last barrier ahead of traffic (other tests
+/// need none).
+fn send_receives(c: &Client, a: &PerfArgs, qpn: u32, b: &Buf, n: u64) -> Result<(), Fail> {
+    if a.op == PerfOp::Send {
+        post_receives(c, qpn, b, n)
+    } else {
+        Ok(())
+    }
 }
 
 /// The receives that must be there before the peer's first SEND (`n` of them).

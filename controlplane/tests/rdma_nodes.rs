@@ -1028,6 +1028,34 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
     n.stop();
 }
 
+/// `rocectl perf TEST EXTRA` with node `a` serving and node `b` connecting through perftest's
+/// exchange on TCP `port`; both must succeed. The client's and the server's output.
+fn perf_pair(
+    a: &'static str,
+    b: &str,
+    test: &[&str],
+    extra: &[&str],
+    port: u16,
+) -> (String, String) {
+    let port = port.to_string();
+    let mut sargs: Vec<String> = ["perf"].iter().chain(test).map(|s| s.to_string()).collect();
+    sargs.extend(["--server", "-p", &port, "--timeout", "30"].map(String::from));
+    sargs.extend(extra.iter().map(|s| s.to_string()));
+    let server = std::thread::spawn(move || {
+        let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
+        rocectl(a, &v)
+    });
+    let mut cargs = vec!["perf"];
+    cargs.extend_from_slice(test);
+    cargs.extend(["127.0.0.1", "-p", &port, "--timeout", "30"]);
+    cargs.extend_from_slice(extra);
+    let (code, cout, err) = rocectl(b, &cargs);
+    assert_eq!(code, 0, "client {test:?} {extra:?}: {err}");
+    let (code, sout, err) = server.join().unwrap();
+    assert_eq!(code, 0, "server {test:?} {extra:?}: {err}");
+    (cout, sout)
+}
+
 /// The result line of perftest's bandwidth table: the line after the column header.
 fn result_line(out: &str) -> String {
     let mut lines = out.lines();
@@ -1065,29 +1093,7 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         ),
     ] {
         oob += 1;
-        let port = oob.to_string();
-        let mut sargs = vec!["perf", op, "bw", "--server", "-p", &port, "--timeout", "30"];
-        sargs.extend(extra.iter().copied());
-        let sargs: Vec<String> = sargs.into_iter().map(String::from).collect();
-        let server = std::thread::spawn(move || {
-            let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
-            rocectl(a, &v)
-        });
-        let mut cargs = vec![
-            "perf",
-            op,
-            "bw",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--timeout",
-            "30",
-        ];
-        cargs.extend(extra.iter().copied());
-        let (code, cout, err) = rocectl(b, &cargs);
-        assert_eq!(code, 0, "client {op} {extra:?}: {err}");
-        let (code, sout, err) = server.join().unwrap();
-        assert_eq!(code, 0, "server {op} {extra:?}: {err}");
+        let (cout, sout) = perf_pair(a, b, &[op, "bw"], &extra, oob);
         let line = result_line(&cout);
         let f: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
         let (size, iters) = if op == "atomic" {
@@ -1222,38 +1228,7 @@ fn rocectl_perf_latency_tests_run_against_itself() {
     .into_iter()
     .enumerate()
     {
-        let port = (18700 + k).to_string();
-        let mut sargs = vec![
-            "perf",
-            op,
-            "lat",
-            "--server",
-            "-p",
-            &port,
-            "--timeout",
-            "30",
-        ];
-        sargs.extend(extra.iter().copied());
-        let sargs: Vec<String> = sargs.into_iter().map(String::from).collect();
-        let server = std::thread::spawn(move || {
-            let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
-            rocectl(a, &v)
-        });
-        let mut cargs = vec![
-            "perf",
-            op,
-            "lat",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--timeout",
-            "30",
-        ];
-        cargs.extend(extra.iter().copied());
-        let (code, cout, err) = rocectl(b, &cargs);
-        assert_eq!(code, 0, "client {op} lat {extra:?}: {err}");
-        let (code, sout, err) = server.join().unwrap();
-        assert_eq!(code, 0, "server {op} lat {extra:?}: {err}");
+        let (cout, sout) = perf_pair(a, b, &[op, "lat"], &extra, 18700 + k as u16);
         let f = latency_line(&cout);
         assert_eq!(f.len(), 9, "{cout}");
         let arg = |flag: &str| -> f64 {
