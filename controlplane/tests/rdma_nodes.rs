@@ -1103,7 +1103,7 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         };
         assert_eq!((f[0], f[1]), (size, iters), "{cout}");
         assert!(
-            f[2] >= f[3] && f[3] > 0.0 && f[4] > 0.0,
+            f[2] >= f[3] * 0.999 && f[3] > 0.0 && f[4] > 0.0,
             "peak >= average > 0, message rate > 0: {cout}"
         );
         assert!(
@@ -1117,7 +1117,8 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
                 .map(|x| x.parse().unwrap())
                 .collect();
             assert_eq!((g[0], g[1]), (size, iters), "{sout}");
-            assert!(g[3] > 0.0 && g[2] >= g[3], "{sout}");
+            // Peak >= average (up to the last printed digit).
+            assert!(g[3] > 0.0 && g[2] >= g[3] * 0.999, "{sout}");
         } else {
             assert_eq!(
                 result_line(&sout),

@@ -810,11 +810,10 @@ impl<B: PacketBuf> RdmaHost<B> {
                 st.errors += 1;
             }
         }
-        if let Some(first) = st.first
-            && st.done > 1
-        {
-            // From the first arrival: the first message's own time is not in it.
-            let per = now.0.saturating_sub(first.0) as f64 / (st.done - 1) as f64;
+        if let Some(first) = st.first {
+            // Per message over the time from the first arrival, as the average is counted
+            // (so the best prefix is never below the whole run's average).
+            let per = now.0.saturating_sub(first.0) as f64 / st.done.max(1) as f64;
             if per > 0.0 {
                 st.best_ns_per_wr = st.best_ns_per_wr.min(per);
             }
