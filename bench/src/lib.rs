@@ -258,3 +258,77 @@ impl Node {
         wait_or_kill(&mut self.child, Duration::from_secs(20));
     }
 }
+
+/// Two roced nodes joined by net_memif on [`MEMIF_SOCK`], one lcore each: the memif server
+/// side ("a", 10.NET.0.1) and the client side ("b", .2), their APIs on `ports`; returned
+/// once both links are up. `tag` names their DPDK file prefixes (`ferroce-TAG-a`/`-b`).
+#[derive(Debug)]
+pub struct MemifPair {
+    /// The memif server side.
+    pub a: Node,
+    /// The memif client side.
+    pub b: Node,
+    tag: String,
+}
+
+impl MemifPair {
+    /// Starts the pair (a on `cpus.0`, b on `cpus.1`) and waits up to 30 s for both links.
+    pub fn start(
+        roced: &Path,
+        tag: &str,
+        net: u8,
+        cpus: (usize, usize),
+        ports: (u16, u16),
+        dir: &Path,
+    ) -> Result<MemifPair, String> {
+        let _ = std::fs::create_dir_all("/run/ferroce");
+        let _ = std::fs::remove_file(MEMIF_SOCK);
+        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
+            format!(
+                "[eal]\nfile_prefix = \"ferroce-{tag}-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
+                 [[ports]]\ndevice = \"net_memif0,role={role},socket={MEMIF_SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
+                 addresses = [\"10.{net}.0.{me}/24\"]\nprobes = [\"10.{net}.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
+            )
+        };
+        let a = Node::start(roced, "a", &cfg("a", "server", cpus.0, 1, 2, ports.0), dir)?;
+        // The memif server's socket must exist before the client starts.
+        std::thread::sleep(Duration::from_millis(1500));
+        let b = Node::start(roced, "b", &cfg("b", "client", cpus.1, 2, 1, ports.1), dir)?;
+        let pair = MemifPair {
+            a,
+            b,
+            tag: tag.to_string(),
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        let up = |n: &Node| {
+            agent
+                .get(&format!("http://{}/v1/ports", n.api))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|p| p[0]["link_up"] == true)
+        };
+        let t0 = Instant::now();
+        while !(up(&pair.a) && up(&pair.b)) {
+            if t0.elapsed() > Duration::from_secs(30) {
+                pair.stop();
+                return Err("roced nodes did not come up (see their logs)".into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(pair)
+    }
+
+    /// Stops both and removes what DPDK and memif left behind.
+    pub fn stop(self) {
+        self.a.stop();
+        self.b.stop();
+        remove_runtime_dir(&format!("ferroce-{}-a", self.tag));
+        remove_runtime_dir(&format!("ferroce-{}-b", self.tag));
+        let _ = std::fs::remove_file(MEMIF_SOCK);
+    }
+}

@@ -11,7 +11,7 @@
 //! the receiving side on `--rx-cpu`.
 
 use bench::kernel::{Server, pin_thread};
-use bench::{BSIZE, MEMIF_SOCK, Node, median, memif_testpmd_rate, remove_runtime_dir};
+use bench::{MemifPair, median, memif_testpmd_rate};
 use clap::Parser;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -108,65 +108,17 @@ fn perf(server: &str, client: &str, args: &[&str], port: u16) -> Result<(Run, Ru
     Ok((parse(&String::from_utf8_lossy(&o))?, parse(&sout)?))
 }
 
-struct Nodes {
-    client: Node,
-    server: Node,
-}
-
-impl Nodes {
-    fn start(a: &Args, dir: &Path) -> Result<Nodes, String> {
-        let _ = std::fs::create_dir_all("/run/ferroce");
-        let _ = std::fs::remove_file(MEMIF_SOCK);
-        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
-            format!(
-                "[eal]\nfile_prefix = \"ferroce-report-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
-                 [[ports]]\ndevice = \"net_memif0,role={role},socket={MEMIF_SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
-                 addresses = [\"10.94.0.{me}/24\"]\nprobes = [\"10.94.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
-            )
-        };
-        let server = Node::start(
-            &a.roced,
-            "server",
-            &cfg("s", "server", a.rx_cpu, 1, 2, 7620),
-            dir,
-        )?;
-        std::thread::sleep(Duration::from_millis(1500));
-        let client = Node::start(
-            &a.roced,
-            "client",
-            &cfg("c", "client", a.tx_cpu, 2, 1, 7621),
-            dir,
-        )?;
-        let t0 = Instant::now();
-        loop {
-            let up = [&server, &client].iter().all(|n| {
-                let (mut o, mut e) = (Vec::new(), Vec::new());
-                cli::ctl::run(
-                    ["rocectl", "--api", &n.api, "--json", "port", "show"],
-                    &mut o,
-                    &mut e,
-                ) == 0
-                    && String::from_utf8_lossy(&o).contains("\"link_up\":true")
-            });
-            if up {
-                return Ok(Nodes { client, server });
-            }
-            if t0.elapsed() > Duration::from_secs(30) {
-                client.stop();
-                server.stop();
-                return Err("roced nodes did not come up (see their logs)".into());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn stop(self) {
-        self.client.stop();
-        self.server.stop();
-        remove_runtime_dir("ferroce-report-s");
-        remove_runtime_dir("ferroce-report-c");
-        let _ = std::fs::remove_file(MEMIF_SOCK);
-    }
+/// The report's two nodes: the server (memif server side) on the receiving CPU, the client
+/// on the sending one.
+fn start_nodes(a: &Args, dir: &Path) -> Result<MemifPair, String> {
+    MemifPair::start(
+        &a.roced,
+        "report",
+        94,
+        (a.rx_cpu, a.tx_cpu),
+        (7620, 7621),
+        dir,
+    )
 }
 
 /// Iterations for a bandwidth run of `size` bytes: about 512 MiB, 2,000 to 200,000 messages.
@@ -317,8 +269,8 @@ fn run(a: &Args) -> Result<(), String> {
     p.say("dpdk-testpmd, frames of a 4096-byte path MTU");
     let tp4k = memif_testpmd_rate(frame4k, a.tx_cpu, a.rx_cpu, a.seconds, &dir, "4k")?;
     // 2. ferroce node to node.
-    let nodes = Nodes::start(a, &dir)?;
-    let (s, c) = (nodes.server.api.clone(), nodes.client.api.clone());
+    let nodes = start_nodes(a, &dir)?;
+    let (s, c) = (nodes.a.api.clone(), nodes.b.api.clone());
     let mut port = 18800u16;
     let mut next_port = || {
         port += 1;

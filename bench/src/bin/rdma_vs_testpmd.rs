@@ -17,7 +17,7 @@
 //! one created with `copy_tx` (payloads copied into frames instead of attached from the
 //! region), pairing the two ways issue 6 asks to compare under the same machine conditions.
 
-use bench::{Node, median, memif_testpmd_rate, remove_runtime_dir};
+use bench::{MemifPair, Node, median, memif_testpmd_rate};
 use clap::Parser;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ struct Args {
     report: Option<PathBuf>,
 }
 
-use bench::{BSIZE, MEMIF_SOCK as SOCK};
+use bench::BSIZE;
 /// The frame a full 4096-byte WRITE MIDDLE packet makes: Ethernet 14, IPv4 20, UDP 8, BTH 12,
 /// payload 4096, ICRC 4.
 const MTU4096_FRAME: u32 = 14 + 20 + 8 + 12 + 4096 + 4;
@@ -102,8 +102,7 @@ impl Http {
 
 /// Two roced nodes with a connected QP pair; WRITE streams on it.
 struct Pair {
-    a: Node,
-    b: Node,
+    nodes: MemifPair,
     http: Http,
     qa: u64,
     /// A QP pair like `qa`'s whose frames copy their payload (`copy_tx`).
@@ -114,76 +113,46 @@ struct Pair {
 
 impl Pair {
     fn start(a: &Args, dir: &Path) -> Result<Pair, String> {
-        let _ = std::fs::remove_file(SOCK);
-        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
-            format!(
-                "[eal]\nfile_prefix = \"ferroce-bench-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
-                 [[ports]]\ndevice = \"net_memif0,role={role},socket={SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
-                 addresses = [\"10.93.0.{me}/24\"]\nprobes = [\"10.93.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
-            )
-        };
-        let na = Node::start(
+        let nodes = MemifPair::start(
             &a.roced,
-            "a",
-            &cfg("a", "server", a.tx_cpu, 1, 2, 7580),
-            dir,
-        )?;
-        std::thread::sleep(Duration::from_millis(1500));
-        let nb = Node::start(
-            &a.roced,
-            "b",
-            &cfg("b", "client", a.rx_cpu, 2, 1, 7581),
+            "bench",
+            93,
+            (a.tx_cpu, a.rx_cpu),
+            (7580, 7581),
             dir,
         )?;
         let http = Http::new();
-        let t0 = Instant::now();
-        // Up, and each has resolved the other.
-        loop {
-            let ok = [&na, &nb].iter().all(|n| {
-                http.call("GET", &format!("http://{}/v1/ports", n.api), None)
-                    .is_ok_and(|p| p[0]["link_up"] == true)
-            });
-            if ok {
-                break;
-            }
-            if t0.elapsed() > Duration::from_secs(30) {
-                na.stop();
-                nb.stop();
-                return Err("roced nodes did not come up (see their logs)".into());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let (na, nb) = (&nodes.a, &nodes.b);
         let u = |n: &Node, p: &str| format!("http://{}{p}", n.api);
         let reg =
             json!({"length": 64 << 20, "access": ["local-write", "remote-write", "remote-read"]});
-        let mra = http.call("POST", &u(&na, "/v1/mrs"), Some(reg.clone()))?;
-        let mrb = http.call("POST", &u(&nb, "/v1/mrs"), Some(reg))?;
+        let mra = http.call("POST", &u(na, "/v1/mrs"), Some(reg.clone()))?;
+        let mrb = http.call("POST", &u(nb, "/v1/mrs"), Some(reg))?;
         // Two QP pairs: the second copies payloads into frames even where the first attaches
         // them, for the paired comparison of the two.
         let mut qas = Vec::new();
         for copy_tx in [false, true] {
             let qp = json!({"cc": "none", "max_send_wr": 1024, "copy_tx": copy_tx});
-            let qa = http.call("POST", &u(&na, "/v1/qps"), Some(qp.clone()))?["qpn"]
+            let qa = http.call("POST", &u(na, "/v1/qps"), Some(qp.clone()))?["qpn"]
                 .as_u64()
                 .unwrap_or(0);
-            let qb = http.call("POST", &u(&nb, "/v1/qps"), Some(qp))?["qpn"]
+            let qb = http.call("POST", &u(nb, "/v1/qps"), Some(qp))?["qpn"]
                 .as_u64()
                 .unwrap_or(0);
             http.call(
                 "POST",
-                &u(&na, &format!("/v1/qps/{qa}/connect")),
+                &u(na, &format!("/v1/qps/{qa}/connect")),
                 Some(json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "mtu": 4096})),
             )?;
             http.call(
                 "POST",
-                &u(&nb, &format!("/v1/qps/{qb}/connect")),
+                &u(nb, &format!("/v1/qps/{qb}/connect")),
                 Some(json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "mtu": 4096})),
             )?;
             qas.push(qa);
         }
         Ok(Pair {
-            a: na,
-            b: nb,
+            nodes,
             http,
             qa: qas[0],
             qa_copy: qas[1],
@@ -210,13 +179,13 @@ impl Pair {
     /// The same on the QP `qa` of node A.
     fn stream_on(&self, qa: u64, size: usize, count: u64, depth: usize) -> Result<f64, String> {
         let (ia, ib, t0) = (
-            self.idle_loops(&self.a),
-            self.idle_loops(&self.b),
+            self.idle_loops(&self.nodes.a),
+            self.idle_loops(&self.nodes.b),
             Instant::now(),
         );
         let r = self.http.call(
             "POST",
-            &format!("http://{}/v1/qps/{qa}/stream", self.a.api),
+            &format!("http://{}/v1/qps/{qa}/stream", self.nodes.a.api),
             Some(json!({"opcode": "write",
                         "sge": [{"addr": self.mra["addr"], "length": size, "lkey": self.mra["lkey"]}],
                         "remote_addr": self.mrb["addr"], "rkey": self.mrb["rkey"],
@@ -225,8 +194,8 @@ impl Pair {
         let secs = t0.elapsed().as_secs_f64();
         eprintln!(
             "  {size} B stream: idle iterations per second: sender {:.0}k, receiver {:.0}k",
-            (self.idle_loops(&self.a) - ia) / secs / 1e3,
-            (self.idle_loops(&self.b) - ib) / secs / 1e3
+            (self.idle_loops(&self.nodes.a) - ia) / secs / 1e3,
+            (self.idle_loops(&self.nodes.b) - ib) / secs / 1e3
         );
         let done = r["completed"].as_u64().unwrap_or(0);
         if done != count || r["errors"].as_u64() != Some(0) {
@@ -236,11 +205,7 @@ impl Pair {
     }
 
     fn stop(self) {
-        self.a.stop();
-        self.b.stop();
-        remove_runtime_dir("ferroce-bench-a");
-        remove_runtime_dir("ferroce-bench-b");
-        let _ = std::fs::remove_file(SOCK);
+        self.nodes.stop();
     }
 }
 
