@@ -30,6 +30,8 @@ pub const VERSION: &str = "6.06";
 pub const PORT: u16 = 18515;
 /// Bytes of a key message with a GID (KEY_MSG_SIZE_GID).
 pub const KEY_MSG: usize = 108;
+/// Keys a client sends ahead of the server's answers (256 x 108 B = 27 KiB in flight).
+pub const KEYS_AHEAD: usize = 256;
 
 /// What went wrong in the exchange.
 #[derive(Debug, thiserror::Error)]
@@ -246,6 +248,35 @@ impl<S: Read + Write> Oob<S> {
         Dest::parse(&theirs)
     }
 
+    /// Step 4 for many QPs: one key each way per QP, in perftest's order. The client keeps up
+    /// to [`KEYS_AHEAD`] keys in flight instead of waiting a round trip for each (the server
+    /// still reads one, then writes one), so 100k QPs exchange in one stream's time; the
+    /// window stays well inside the sockets' buffers, so neither side can block the other.
+    pub fn keys_many(&mut self, mine: &[Dest]) -> Result<Vec<Dest>, OobError> {
+        let mut theirs = Vec::with_capacity(mine.len());
+        let mut msg = [0u8; KEY_MSG];
+        match self.role {
+            Role::Server => {
+                for d in mine {
+                    theirs.push(self.keys(d)?);
+                }
+            }
+            Role::Client => {
+                let mut sent = 0;
+                for i in 0..mine.len() {
+                    while sent < mine.len() && sent < i + KEYS_AHEAD {
+                        self.s.write_all(&mine[sent].to_wire())?;
+                        sent += 1;
+                    }
+                    self.s.flush()?;
+                    self.s.read_exact(&mut msg)?;
+                    theirs.push(Dest::parse(&msg)?);
+                }
+            }
+        }
+        Ok(theirs)
+    }
+
     /// Step 5: the client's results for the server's (the server's are meaningless in a
     /// half-duplex test; perftest's server sends whatever its report holds).
     pub fn reports(&mut self, mine: &BwReport) -> Result<BwReport, OobError> {
@@ -402,10 +433,7 @@ pub fn bw_exchange<S: Read + Write, E: From<OobError>>(
         })
     })?;
     let mtu = oob.setup(mtu)?;
-    let mut remote = Vec::with_capacity(all.len());
-    for d in all {
-        remote.push(oob.keys(d)?);
-    }
+    let remote = oob.keys_many(all)?;
     connect(mtu, &remote)?;
     for _ in 1..test.barriers_before() - 1 {
         oob.keys(mine)?;
@@ -724,6 +752,31 @@ mod tests {
         ] {
             assert!(Dest::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    /// 20,000 QPs' keys over a real TCP connection (more than both sockets' buffers hold):
+    /// every key arrives once, in order, on both sides, and neither side blocks the other.
+    #[test]
+    fn many_qps_keys_stream_both_ways_in_order() {
+        const N: u32 = 20_000;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let side = |base: u32| (0..N).map(|i| dest(base + i)).collect::<Vec<_>>();
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            Oob::new(s, Role::Server)
+                .keys_many(&side(0x10_0000))
+                .unwrap()
+        });
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let got_by_client = Oob::new(s, Role::Client)
+            .keys_many(&side(0x20_0000))
+            .unwrap();
+        let got_by_server = server.join().unwrap();
+        assert_eq!(got_by_client, side(0x10_0000));
+        assert_eq!(got_by_server, side(0x20_0000));
     }
 
     #[test]
