@@ -951,11 +951,21 @@ impl Rdma {
 
     /// Destroys several QPs: none if one of them does not exist.
     pub fn destroy_qps(&self, qpns: &[u32]) -> Result<(), ApiError> {
+        let mut by_lcore: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for &q in qpns {
-            self.lcore_of(q)?;
+            by_lcore.entry(self.lcore_of(q)?).or_default().push(q);
         }
-        for &q in qpns {
-            self.destroy_qp(q)?;
+        for (l, all) in by_lcore {
+            for chunk in all.chunks(BULK_CHUNK) {
+                self.ask(l, |reply| RdmaCommand::DestroyMany {
+                    qpns: chunk.to_vec(),
+                    reply,
+                })?;
+                let mut t = self.qps.lock().expect("qp table");
+                for q in chunk {
+                    t.remove(q);
+                }
+            }
         }
         Ok(())
     }

@@ -19,6 +19,9 @@ pub const COMMAND_POLL_INTERVAL: u32 = 64;
 /// then waits a few hundred nanoseconds, not a whole busy interval or idle sleep).
 pub const IDLE_COMMAND_POLL_INTERVAL: u32 = 8;
 
+/// Bursts received from one port per iteration at most (while each comes back full).
+pub const RX_BURSTS_PER_POLL: usize = 4;
+
 /// Index of a worker lcore (0-based among the workers, not DPDK's lcore id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LcoreId(pub u16);
@@ -286,26 +289,16 @@ where
         };
         let mut work = 0usize;
         for port in 0..self.queues.len() {
-            let n = self.queues[port].rx_burst(rx);
-            if n == 0 {
-                continue;
+            // Several bursts while they come back full: a sender with many QPs queues a port's
+            // worth of frames per iteration, and their ACKs must drain as fast (one burst
+            // per iteration let 100k QPs' ACKs wait past the ACK timeout).
+            for _ in 0..RX_BURSTS_PER_POLL {
+                let n = self.receive(port, now, rx);
+                work += n;
+                if n < crate::BURST_SIZE {
+                    break;
+                }
             }
-            work += n;
-            self.counters.rx_packets.add(n as u64);
-            self.counters
-                .rx_bytes
-                .add(rx.iter().map(|b| b.len() as u64).sum());
-            let mut io = Io {
-                now,
-                queues: &mut self.queues,
-                tx: &mut self.tx,
-                counters: &self.counters,
-            };
-            self.handler.on_burst(port, rx, &mut io);
-            debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
-            rx.clear();
-            // Most frames leave by the port they came in on: send them now, as testpmd does.
-            flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
         }
         if H::HAS_TIMERS {
             let mut io = Io {
@@ -339,6 +332,31 @@ where
             self.idle_streak = 0;
         }
         keep_going
+    }
+
+    /// Receives one burst from `port` and hands it to the handler; returns how many frames.
+    #[inline]
+    fn receive(&mut self, port: usize, now: Instant, rx: &mut Burst<Q::Buf>) -> usize {
+        let n = self.queues[port].rx_burst(rx);
+        if n == 0 {
+            return 0;
+        }
+        self.counters.rx_packets.add(n as u64);
+        self.counters
+            .rx_bytes
+            .add(rx.iter().map(|b| b.len() as u64).sum());
+        let mut io = Io {
+            now,
+            queues: &mut self.queues,
+            tx: &mut self.tx,
+            counters: &self.counters,
+        };
+        self.handler.on_burst(port, rx, &mut io);
+        debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
+        rx.clear();
+        // Most frames leave by the port they came in on: send them now, as testpmd does.
+        flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
+        n
     }
 
     /// Drops everything the handler and the tx bursts hold, and returns the queues.

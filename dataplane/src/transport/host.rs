@@ -34,6 +34,10 @@ use std::collections::VecDeque;
 pub const QPN_SHARD_SHIFT: u32 = 20;
 /// Packets one QP may send per loop iteration before the others get a turn.
 const QP_BUDGET: usize = 32;
+/// Frames all QPs together may queue per loop iteration: about what the loop receives per
+/// iteration ([`crate::lcore::RX_BURSTS_PER_POLL`] bursts), so ACKs keep pace with the data
+/// they acknowledge however many QPs send.
+const TX_PER_POLL: usize = crate::lcore::RX_BURSTS_PER_POLL * crate::BURST_SIZE;
 /// Frames each handoff ring holds.
 pub const HANDOFF_RING: usize = 4096;
 
@@ -325,6 +329,13 @@ pub enum RdmaCommand {
         qpn: u32,
         /// Done, or no such QP.
         reply: Sender<bool>,
+    },
+    /// Destroys several QPs in one command (a round trip each would take minutes for 100k).
+    DestroyMany {
+        /// The QPs.
+        qpns: Vec<u32>,
+        /// How many of them existed and are gone.
+        reply: Sender<usize>,
     },
 }
 
@@ -1016,7 +1027,11 @@ impl<B: PacketBuf> RdmaHost<B> {
     /// Sends what the ready QPs have, then re-arms their timers.
     fn transmit<Q: PortQueue<Buf = B>>(&mut self, io: &mut Io<'_, Q>) {
         let now = io.now;
+        let mut budget = TX_PER_POLL;
         for _ in 0..self.ready.len() {
+            if budget == 0 {
+                break;
+            }
             let Some(i) = self.ready.pop_front() else {
                 break;
             };
@@ -1028,7 +1043,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             s.qp.set_tx_features(caps.tx_ipv4_cksum, caps.tx_multi_seg);
             let mut sent = 0;
             let mut blocked = false;
-            while sent < QP_BUDGET {
+            while sent < QP_BUDGET.min(budget) {
                 // A busy port holds the QP back (its frames wait in the queue, not dropped
                 // to be retransmitted): it is polled again next iteration.
                 if !io.can_send(s.port) {
@@ -1065,9 +1080,14 @@ impl<B: PacketBuf> RdmaHost<B> {
                 self.settle(i as usize);
                 break;
             }
+            budget -= sent;
             if sent == QP_BUDGET {
                 s.ready = true;
                 self.ready.push_back(i);
+            } else if budget == 0 && !blocked {
+                // The iteration's budget ran out inside this QP: it goes on first next time.
+                s.ready = true;
+                self.ready.push_front(i);
             }
             self.settle(i as usize);
         }
@@ -1662,6 +1682,10 @@ impl<B: PacketBuf> RdmaHost<B> {
             RdmaCommand::DestroyQp { qpn, reply } => {
                 let ok = self.destroy_qp(qpn);
                 let _ = reply.send(ok);
+            }
+            RdmaCommand::DestroyMany { qpns, reply } => {
+                let n = qpns.iter().filter(|&&q| self.destroy_qp(q)).count();
+                let _ = reply.send(n);
             }
         }
     }
