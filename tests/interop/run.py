@@ -13,6 +13,7 @@ Needs root, tests/interop/setup.sh done, and roced/rocectl built (ROCED / ROCECT
 target/release, else target/debug).
 """
 
+import json
 import os
 import re
 import signal
@@ -49,7 +50,7 @@ lcores = [1]
 mbufs = 8191
 idle_sleep_us = 20
 [[ports]]
-device = "net_af_packet0,iface=fxd0"
+device = "net_af_packet0,iface=fxd0,blocksz=1167360,framesz=9120,framecnt=512"
 mtu = %d
 addresses = ["%s/24", "%s/64"]
 probes = ["%s"]
@@ -57,27 +58,90 @@ probes = ["%s"]
 listen = "%s"
 """
 
-# (name, perftest tool and flags, rocectl perf arguments)
+# The lab's Ethernet MTU: jumbo frames everywhere, so each case picks its path MTU (1024 or
+# 4096) with -m, on both sides.
+LAB_MTU = 9000
+
+
+def case(name, tool, perf, **kw):
+    """A case: the perftest (or ibv_rc_pingpong) command in the VM, the rocectl arguments for
+    ferroce's side, and optionally: gid (GID index on both sides: 1 is ::ffff:IPv4, 2 the
+    IPv6 address), netem (a netem qdisc on the VM's eth0 for the case), impair (ferroce's
+    impairment stage, both directions), vm_flags (extra perftest flags for the VM in both
+    roles), cnp (ferroce must send CNPs while it serves the VM's client)."""
+    return dict(name=name, tool=tool, perf=perf, gid=kw.get("gid", 1), netem=kw.get("netem"),
+                impair=kw.get("impair"), vm_flags=kw.get("vm_flags", ""),
+                cnp=kw.get("cnp", False))
+
+
+# Sizes 1 B to 1 MiB, path MTUs 1024 and 4096, IPv4 and IPv6 GIDs, loss on either side, and
+# CE marks from the peer. Iterations are few at large sizes: the VM runs under TCG.
 CASES = [
-    ("write_bw 4KiB", "ib_write_bw -s 4096 -n 500", "write bw -s 4096 -n 500"),
-    ("write_bw 64KiB", "ib_write_bw -s 65536 -n 100", "write bw -s 65536 -n 100"),
-    ("write_bw 1B", "ib_write_bw -s 1 -n 500", "write bw -s 1 -n 500"),
-    ("read_bw 4KiB", "ib_read_bw -s 4096 -n 500", "read bw -s 4096 -n 500"),
-    ("send_bw 4KiB", "ib_send_bw -s 4096 -n 500", "send bw -s 4096 -n 500"),
-    ("atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 500", "atomic bw -A fetch-add -n 500"),
-    ("atomic_bw cmp-swap", "ib_atomic_bw -A CMP_AND_SWAP -n 500", "atomic bw -A cmp-swap -n 500"),
-    ("write_lat 8B", "ib_write_lat -s 8 -n 300", "write lat -s 8 -n 300"),
-    ("write_lat 4KiB", "ib_write_lat -s 4096 -n 200", "write lat -s 4096 -n 200"),
-    ("read_lat 8B", "ib_read_lat -s 8 -n 300", "read lat -s 8 -n 300"),
-    ("send_lat 8B", "ib_send_lat -s 8 -n 300", "send lat -s 8 -n 300"),
-    ("atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300", "atomic lat -A fetch-add -n 300"),
-    ("rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 200", "pingpong -s 4096 -n 200"),
-    ("rc_pingpong 1B", "ibv_rc_pingpong -s 1 -n 200", "pingpong -s 1 -n 200"),
+    case("write_bw 1B", "ib_write_bw -s 1 -n 500 -m 1024", "write bw -s 1 -n 500 -m 1024"),
+    case("write_bw 4KiB", "ib_write_bw -s 4096 -n 500 -m 1024", "write bw -s 4096 -n 500 -m 1024"),
+    case("write_bw 64KiB", "ib_write_bw -s 65536 -n 100 -m 1024", "write bw -s 65536 -n 100 -m 1024"),
+    case("write_bw 1MiB", "ib_write_bw -s 1048576 -n 10 -m 1024", "write bw -s 1M -n 10 -m 1024"),
+    case("write_bw 64KiB mtu4096", "ib_write_bw -s 65536 -n 100 -m 4096",
+         "write bw -s 65536 -n 100 -m 4096"),
+    case("write_bw 1MiB mtu4096", "ib_write_bw -s 1048576 -n 10 -m 4096",
+         "write bw -s 1M -n 10 -m 4096"),
+    case("read_bw 4KiB", "ib_read_bw -s 4096 -n 500 -m 1024", "read bw -s 4096 -n 500 -m 1024"),
+    case("read_bw 1MiB mtu4096", "ib_read_bw -s 1048576 -n 10 -m 4096",
+         "read bw -s 1M -n 10 -m 4096"),
+    case("send_bw 4KiB", "ib_send_bw -s 4096 -n 500 -m 1024", "send bw -s 4096 -n 500 -m 1024"),
+    case("send_bw 1B", "ib_send_bw -s 1 -n 500 -m 1024", "send bw -s 1 -n 500 -m 1024"),
+    case("send_bw 1MiB mtu4096", "ib_send_bw -s 1048576 -n 10 -m 4096",
+         "send bw -s 1M -n 10 -m 4096"),
+    case("atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 500", "atomic bw -A fetch-add -n 500"),
+    case("atomic_bw cmp-swap", "ib_atomic_bw -A CMP_AND_SWAP -n 500", "atomic bw -A cmp-swap -n 500"),
+    case("write_lat 8B", "ib_write_lat -s 8 -n 300 -m 1024", "write lat -s 8 -n 300 -m 1024"),
+    case("write_lat 4KiB", "ib_write_lat -s 4096 -n 200 -m 1024", "write lat -s 4096 -n 200 -m 1024"),
+    case("write_lat 1MiB mtu4096", "ib_write_lat -s 1048576 -n 10 -m 4096",
+         "write lat -s 1M -n 10 -m 4096"),
+    case("read_lat 8B", "ib_read_lat -s 8 -n 300 -m 1024", "read lat -s 8 -n 300 -m 1024"),
+    case("read_lat 1MiB mtu4096", "ib_read_lat -s 1048576 -n 10 -m 4096",
+         "read lat -s 1M -n 10 -m 4096"),
+    case("send_lat 8B", "ib_send_lat -s 8 -n 300 -m 1024", "send lat -s 8 -n 300 -m 1024"),
+    case("send_lat 1MiB mtu4096", "ib_send_lat -s 1048576 -n 10 -m 4096",
+         "send lat -s 1M -n 10 -m 4096"),
+    case("atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300", "atomic lat -A fetch-add -n 300"),
+    case("rc_pingpong 1B", "ibv_rc_pingpong -s 1 -n 200 -m 1024", "pingpong -s 1 -n 200 -m 1024"),
+    case("rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 200 -m 1024", "pingpong -s 4096 -n 200 -m 1024"),
+    case("rc_pingpong 1MiB mtu4096", "ibv_rc_pingpong -s 1048576 -n 10 -m 4096",
+         "pingpong -s 1M -n 10 -m 4096"),
+    # IPv6 GIDs (RoCEv2 over IPv6; the TCP exchanges stay on IPv4, as with perftest's -x).
+    case("ipv6 write_bw 64KiB", "ib_write_bw -s 65536 -n 100 -m 4096",
+         "write bw -s 65536 -n 100 -m 4096", gid=2),
+    case("ipv6 read_lat 8B", "ib_read_lat -s 8 -n 300 -m 1024", "read lat -s 8 -n 300 -m 1024",
+         gid=2),
+    case("ipv6 send_bw 4KiB", "ib_send_bw -s 4096 -n 300 -m 1024",
+         "send bw -s 4096 -n 300 -m 1024", gid=2),
+    case("ipv6 rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024",
+         "pingpong -s 4096 -n 100 -m 1024", gid=2),
+    # Loss: netem on the VM's egress and ferroce's own impairment stage, 2% each way.
+    case("loss write_bw 64KiB", "ib_write_bw -s 65536 -n 100 -m 1024",
+         "write bw -s 65536 -n 100 -m 1024", netem="loss 2%", impair=0.02),
+    case("loss read_bw 64KiB", "ib_read_bw -s 65536 -n 100 -m 1024",
+         "read bw -s 65536 -n 100 -m 1024", netem="loss 2%", impair=0.02),
+    case("loss send_bw 4KiB", "ib_send_bw -s 4096 -n 300 -m 1024",
+         "send bw -s 4096 -n 300 -m 1024", netem="loss 2%", impair=0.02),
+    case("loss atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 300",
+         "atomic bw -A fetch-add -n 300", netem="loss 2%", impair=0.02),
+    case("loss write_lat 8B", "ib_write_lat -s 8 -n 200 -m 1024",
+         "write lat -s 8 -n 200 -m 1024", netem="loss 2%", impair=0.02),
+    case("loss rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024",
+         "pingpong -s 4096 -n 100 -m 1024", netem="loss 2%", impair=0.02),
+    # ECN: the VM sends ECT(0) (--tclass=2) and netem marks CE instead of dropping (its ecn
+    # option), so ferroce, as the server of the VM's client, must send CNPs, which rxe takes
+    # without harm to the connection.
+    case("ecn write_bw 64KiB", "ib_write_bw -s 65536 -n 200 -m 1024",
+         "write bw -s 65536 -n 200 -m 1024", netem="loss 20% ecn",
+         vm_flags=" --tclass=2", cnp=True),
 ]
 
-# Flags every tool gets: the device and GID index 1 (::ffff:IPv4), as rxe numbers them.
-PERFTEST_FLAGS = " -d rxe0 -x 1 -F"
-PINGPONG_FLAGS = " -d rxe0 -g 1"
+# Flags every tool gets: the device, and for perftest the report format.
+PERFTEST_FLAGS = " -d rxe0 -F -x %d"
+PINGPONG_FLAGS = " -d rxe0 -g %d"
 PINGPONG = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", re.M)
 
 def result(out):
@@ -185,6 +249,88 @@ def check(client, server, lat, pingpong=False):
     return True, "%d B x %d: %.2f MB/s, %.4f Mpps" % (rc[0], rc[1], rc[3], rc[4])
 
 
+def api(method, path, body=None):
+    """One call to roced's REST API (it listens inside the lab's namespace); the JSON reply."""
+    code = ("import json,sys,urllib.request as u; r=u.Request(sys.argv[1], method=sys.argv[2],"
+            " data=sys.argv[3].encode() or None); print(u.urlopen(r, timeout=30).read().decode())")
+    r = subprocess.run(["ip", "netns", "exec", peer.NS, sys.executable, "-c", code,
+                        "http://%s%s" % (API, path), method, json.dumps(body) if body else ""],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError("%s %s: %s" % (method, path, r.stderr.strip()[-500:]))
+    return json.loads(r.stdout)
+
+
+def counter(name):
+    """A counter summed over roced's lcores."""
+    return sum(l["counters"].get(name, 0) for l in api("GET", "/v1/stats")["lcores"])
+
+
+def impair(loss):
+    for d in ("rx", "tx"):
+        api("PUT", "/v1/ports/0/impair", {"direction": d, "loss": loss})
+
+
+def run_case(vm, c):
+    """Both roles of one case: a list of (roles, ok, why, ferroce output, rxe output)."""
+    name, tool = c["name"], c["tool"]
+    pingpong = tool.startswith("ibv_rc_pingpong")
+    flags = (PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS) % c["gid"] + c["vm_flags"]
+    ctl_cmd = "%s %s %d" % (c["perf"], "-g" if pingpong else "-x", c["gid"])
+    if not pingpong:
+        ctl_cmd = "perf " + ctl_cmd
+    lat = "_lat" in name
+    out = []
+    if c["netem"]:
+        vm.run("tc qdisc replace dev eth0 root netem %s" % c["netem"])
+    if c["impair"]:
+        impair(c["impair"])
+    try:
+        # ferroce is the client, the VM serves.
+        vm_server(vm, tool + flags)
+        r = ctl("%s %s --timeout 60" % (ctl_cmd, vm.ip), check=False)
+        srv = vm_server_result(vm)
+        ok = r.returncode == 0 and exit_of(srv) == "0"
+        ok2, why = check(r.stdout, srv, lat, pingpong) if ok else (False, "exit %d / %s: %s" % (
+            r.returncode, exit_of(srv), r.stderr.strip()[-300:]))
+        out.append(("ferroce client -> rxe server", ok and ok2, why, r.stdout + r.stderr, srv))
+        if pingpong:
+            # rc_pingpong's server may still be closing its TCP socket.
+            time.sleep(0.5)
+        # The VM is the client, ferroce serves.
+        cnp0 = counter("np_cnp_sent") if c["cnp"] else 0
+        p = subprocess.Popen(
+            "ip netns exec %s %s --api %s %s --server --timeout 60"
+            % (peer.NS, ROCECTL, API, ctl_cmd),
+            shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(100):
+            if ":18515 " in peer.nsx("ss -ltn", check=False):
+                break
+            time.sleep(0.1)
+        _, cout = vm.run("timeout 120 %s%s %s; echo EXIT=$?" % (tool, flags, peer.HOST_IP), 150)
+        try:
+            sout = p.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            sout = p.communicate()[0] + "\n(rocectl killed: no exit)"
+        ok = p.returncode == 0 and exit_of(cout) == "0"
+        ok2, why = check(cout, sout, lat, pingpong) if ok else (False, "exit %s / %s" % (
+            exit_of(cout), p.returncode))
+        if ok2 and c["cnp"]:
+            cnps = counter("np_cnp_sent") - cnp0
+            if cnps <= 0:
+                ok2, why = False, "ferroce sent no CNP for the peer's CE-marked packets"
+            else:
+                why += "; ferroce sent %d CNPs" % cnps
+        out.append(("rxe client -> ferroce server", ok and ok2, why, sout, cout))
+    finally:
+        if c["netem"]:
+            vm.run("tc qdisc del dev eth0 root 2>/dev/null; true")
+        if c["impair"]:
+            impair(0.0)
+    return out
+
+
 def main():
     only = None
     if "--only" in sys.argv:
@@ -195,50 +341,19 @@ def main():
         os.makedirs(logdir, exist_ok=True)
     rows, details = [], []
     t0 = time.time()
-    with peer.Lab(vms=1) as lab:
+    with peer.Lab(vms=1, mtu=LAB_MTU) as lab:
         vm = lab.vms[0]
         print("peer %s up (rxe0 ACTIVE) after %.1fs" % (vm.ip, time.time() - t0), flush=True)
-        roced = Roced(logdir, 1500)
+        roced = Roced(logdir, LAB_MTU)
         try:
-            for name, tool, perf in CASES:
-                if only and only not in name:
+            for c in CASES:
+                if only and only not in c["name"]:
                     continue
-                pingpong = tool.startswith("ibv_rc_pingpong")
-                flags = PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS
-                ctl_cmd = perf if pingpong else "perf " + perf
-                # ferroce is the client, the VM serves.
-                vm_server(vm, tool + flags)
-                c = ctl("%s %s --timeout 60" % (ctl_cmd, vm.ip), check=False)
-                s = vm_server_result(vm)
-                lat = "_lat" in name
-                ok = c.returncode == 0 and exit_of(s) == "0"
-                ok2, why = check(c.stdout, s, lat, pingpong) if ok else (False, "exit %d / %s: %s" % (
-                    c.returncode, exit_of(s), c.stderr.strip()[-300:]))
-                rows.append((name, "ferroce client -> rxe server", ok and ok2, why))
-                details.append((name + ", ferroce client", c.stdout + c.stderr, s))
-                if pingpong:
-                    # rc_pingpong's server may still be closing its TCP socket.
-                    time.sleep(0.5)
-                # The VM is the client, ferroce serves.
-                srv = subprocess.Popen(
-                    "ip netns exec %s %s --api %s %s --server --timeout 60"
-                    % (peer.NS, ROCECTL, API, ctl_cmd),
-                    shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for _ in range(100):
-                    if ":18515 " in peer.nsx("ss -ltn", check=False):
-                        break
-                    time.sleep(0.1)
-                rc, cout = vm.run("timeout 90 %s%s %s; echo EXIT=$?" % (tool, flags, peer.HOST_IP), 120)
-                try:
-                    sout = srv.communicate(timeout=30)[0]
-                except subprocess.TimeoutExpired:
-                    srv.kill()
-                    sout = srv.communicate()[0] + "\n(rocectl killed: no exit)"
-                ok = srv.returncode == 0 and exit_of(cout) == "0"
-                ok2, why = check(cout, sout, lat, pingpong) if ok else (False, "exit %s / %s" % (
-                    exit_of(cout), srv.returncode))
-                rows.append((name, "rxe client -> ferroce server", ok and ok2, why))
-                details.append((name + ", rxe client", sout, cout))
+                for roles, ok, why, fout, rout in run_case(vm, c):
+                    rows.append((c["name"], roles, ok, why))
+                    details.append((c["name"] + ", " + roles, fout, rout))
+                    print("%-28s %-30s %s  %s" % (c["name"], roles, "PASS" if ok else "FAIL", why),
+                          file=sys.stderr, flush=True)
         finally:
             roced.stop()
     width = max(len(r[0]) for r in rows) if rows else 10
@@ -250,7 +365,7 @@ def main():
     print("\n%d passed, %d failed in %.0fs; roced's log and report: %s" % (
         len(rows) - failed, failed, time.time() - t0, logdir))
     for name, ferroce_out, rxe_out in details:
-        print("\n===== %s\n----- ferroce (rocectl perf)\n%s\n----- rxe (perftest in the VM)\n%s" % (
+        print("\n===== %s\n----- ferroce (rocectl)\n%s\n----- rxe (in the VM)\n%s" % (
             name, ferroce_out.strip(), rxe_out.strip()))
     return 1 if failed else 0
 

@@ -97,6 +97,25 @@ fn set_reta(id: u16, reta_size: u16, queues: u16) -> bool {
     unsafe { sys::rte_eth_dev_rss_reta_update(id, conf.as_mut_ptr(), reta_size) == 0 }
 }
 
+/// The MTU of the kernel network interface with index `if_index`, if there is one.
+fn kernel_mtu(if_index: u32) -> Option<u16> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: the buffer holds IF_NAMESIZE bytes, as if_indextoname writes at most.
+    let p = unsafe { libc::if_indextoname(if_index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+    let ifname = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 impl DpdkPort {
     /// Configures and starts a port: queues, MTU, checksum offloads where the device has them,
     /// RSS where it has it and more than one queue is used.
@@ -169,7 +188,29 @@ impl DpdkPort {
         }
         // SAFETY: valid port; MTU change before start.
         let rc = unsafe { sys::rte_eth_dev_set_mtu(id, setup.mtu) };
-        let mtu_unsupported = rc == -(libc::ENOTSUP);
+        // net_af_packet tells ethdev it takes 1518-byte frames at most, so ethdev refuses a
+        // larger MTU before the driver sees it; the frames it really carries are the kernel
+        // interface's (and the PACKET_MMAP frame size, `framesz`). There the kernel's MTU
+        // decides.
+        let kernel_mtu = (rc == -(libc::EINVAL) && driver == "net_af_packet")
+            .then(|| kernel_mtu(di.if_index))
+            .flatten();
+        if let Some(k) = kernel_mtu
+            && k < setup.mtu
+        {
+            return Err(Error::Port {
+                port: name,
+                op: "rte_eth_dev_set_mtu",
+                reason: format!(
+                    "the kernel interface's MTU is {k}: raise it to {} (ip link set IFACE mtu {}) \
+                     and give the vdev framesz={} or more",
+                    setup.mtu,
+                    setup.mtu,
+                    (setup.mtu as usize + 14 + 32).next_multiple_of(16)
+                ),
+            });
+        }
+        let mtu_unsupported = rc == -(libc::ENOTSUP) || kernel_mtu.is_some();
         if rc < 0 && !mtu_unsupported {
             return Err(Error::Port {
                 port: name,
