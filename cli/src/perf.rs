@@ -71,6 +71,10 @@ pub struct PerfArgs {
     /// Messages to send. Default: 5000 for bandwidth, 1000 for latency.
     #[arg(long, short = 'n')]
     pub iters: Option<u64>,
+    /// Run for this many seconds instead of -n messages (perftest's -D; WRITE, READ and
+    /// atomic bandwidth tests, as the client).
+    #[arg(long, short = 'D', value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub duration: Option<u64>,
     /// Work requests outstanding at once (per QP).
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
@@ -219,6 +223,16 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             2,
             "--size, --iters and --tx-depth must be above 0".into(),
         ));
+    }
+    if a.duration.is_some() && (a.kind == PerfKind::Lat || a.op == PerfOp::Send) {
+        return Err(Fail(
+            2,
+            "-D (duration) is for WRITE, READ and atomic bandwidth tests; give -n for the others"
+                .into(),
+        ));
+    }
+    if a.duration.is_some() && a.iters.is_some() {
+        return Err(Fail(2, "-D and -n: give one of them".into()));
     }
     if a.qps != 1 && (a.kind == PerfKind::Lat || a.op == PerfOp::Send || a.qps == 0) {
         return Err(Fail(
@@ -518,8 +532,12 @@ fn run_bandwidth(
         .zip(remote)
         .map(|(q, r)| json!({"qpn": q, "remote_addr": r.vaddr, "rkey": r.rkey}))
         .collect();
-    let b = json!({"qps": targets, "wr": request(a, buf, first), "count": a.iters(),
-                   "depth": a.tx_depth.min(16384), "timeout_ms": 600_000});
+    let mut b = json!({"qps": targets, "wr": request(a, buf, first),
+                       "depth": a.tx_depth.min(16384), "timeout_ms": 60_000});
+    match a.duration {
+        Some(secs) => b["duration_ms"] = json!(secs * 1000),
+        None => b["count"] = json!(a.iters()),
+    }
     let r = c.call("POST", "/v1/streams", Some(b))?;
     report(a, &r, qpns.len() as u64)
 }
@@ -546,13 +564,18 @@ fn report(a: &PerfArgs, r: &Value, qps: u64) -> Result<BwReport, Fail> {
     let done = r["completed"].as_u64().unwrap_or(0);
     let errors = r["errors"].as_u64().unwrap_or(0);
     let secs = r["elapsed_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
-    if errors > 0 || done != a.iters() * qps || secs <= 0.0 {
+    let complete = match a.duration {
+        Some(_) => done > 0,
+        None => done == a.iters() * qps,
+    };
+    if errors > 0 || !complete || secs <= 0.0 {
+        let want = match a.duration {
+            Some(d) => format!("{d} s of"),
+            None => (a.iters() * qps).to_string(),
+        };
         return Err(Fail(
             1,
-            format!(
-                "the test failed: {done} of {} messages completed, {errors} in error",
-                a.iters() * qps
-            ),
+            format!("the test failed: {done} of {want} messages completed, {errors} in error"),
         ));
     }
     let bw = size as f64 * done as f64 / secs / 1048576.0;

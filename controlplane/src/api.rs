@@ -934,6 +934,34 @@ struct SendBody {
     depth: Option<usize>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    duration_ms: Option<u64>,
+}
+
+/// A stream's count and duration: with `duration_ms` (1 ms to 10 minutes, perftest's -D) the
+/// count is only an upper bound and may be left out; without it the count is 1 to 100M.
+fn stream_limits(
+    count: Option<u64>,
+    default: u64,
+    duration_ms: Option<u64>,
+) -> Result<(u64, Option<Duration>), ApiError> {
+    match duration_ms {
+        Some(ms) if (1..=600_000).contains(&ms) && count != Some(0) => {
+            Ok((count.unwrap_or(u64::MAX), Some(Duration::from_millis(ms))))
+        }
+        Some(_) => Err(ApiError::bad(
+            "bad_wr",
+            "duration_ms is 1 to 600000 (and count, if given, at least 1)",
+        )),
+        None => {
+            let count = count.unwrap_or(default);
+            if (1..=100_000_000).contains(&count) {
+                Ok((count, None))
+            } else {
+                Err(ApiError::bad("bad_wr", "count is 1 to 100000000"))
+            }
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -1176,11 +1204,14 @@ struct StreamTarget {
 struct StreamsBody {
     qps: Vec<StreamTarget>,
     wr: SendBody,
-    count: u64,
+    #[serde(default)]
+    count: Option<u64>,
     #[serde(default)]
     depth: Option<usize>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    duration_ms: Option<u64>,
 }
 
 async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
@@ -1189,17 +1220,18 @@ async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let wait_ms = b.timeout_ms.unwrap_or(60_000);
     if b.qps.is_empty()
         || b.qps.len() > MAX_BULK
-        || !(1..=100_000_000).contains(&b.count)
         || !(1..=16384).contains(&depth)
         || wait_ms > 600_000
     {
         return Err(ApiError::bad(
             "bad_wr",
-            format!(
-                "qps: 1 to {MAX_BULK}, count 1 to 100000000, depth 1 to 16384, timeout_ms at most 600000"
-            ),
+            format!("qps: 1 to {MAX_BULK}, depth 1 to 16384, timeout_ms at most 600000"),
         ));
     }
+    if b.count.is_none() && b.duration_ms.is_none() {
+        return Err(ApiError::bad("bad_wr", "count or duration_ms is required"));
+    }
+    let (count, duration) = stream_limits(b.count, 0, b.duration_ms)?;
     let mut qps = Vec::with_capacity(b.qps.len());
     for t in &b.qps {
         if t.remote_addr.is_some() {
@@ -1210,8 +1242,8 @@ async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         }
         qps.push((t.qpn, send_wr(&b.wr)?));
     }
-    let (count, wait) = (b.count, Duration::from_millis(wait_ms));
-    let r = blocking(move || s.rdma.streams(qps, count, depth, wait)).await?;
+    let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
+    let r = blocking(move || s.rdma.streams(qps, count, depth, duration, wait)).await?;
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
               "best_ns_per_wr": Some(r.best_ns_per_wr).filter(|b| b.is_finite())}),
@@ -1317,17 +1349,17 @@ async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Byt
     let qpn = id32("QPN", &q)?;
     let b: SendBody = body(&b)?;
     let wr = send_wr(&b)?;
-    let count = b.count.unwrap_or(1000);
     let depth = b.depth.unwrap_or(64);
     let wait_ms = b.timeout_ms.unwrap_or(60_000);
-    if !(1..=100_000_000).contains(&count) || !(1..=16384).contains(&depth) || wait_ms > 600_000 {
+    if !(1..=16384).contains(&depth) || wait_ms > 600_000 {
         return Err(ApiError::bad(
             "bad_wr",
-            "count is 1 to 100000000, depth 1 to 16384, timeout_ms at most 600000",
+            "depth is 1 to 16384, timeout_ms at most 600000",
         ));
     }
-    let wait = Duration::from_millis(wait_ms);
-    let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, wait)).await?;
+    let (count, duration) = stream_limits(b.count, 1000, b.duration_ms)?;
+    let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
+    let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, duration, wait)).await?;
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,

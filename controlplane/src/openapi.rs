@@ -153,6 +153,8 @@ pub fn document() -> Value {
     let mut stream_props = send_props.clone();
     stream_props["count"] = json!({"type": "integer", "minimum": 1, "maximum": 100000000});
     stream_props["depth"] = json!({"type": "integer", "minimum": 1, "maximum": 16384});
+    stream_props["duration_ms"] = json!({"type": "integer", "minimum": 1, "maximum": 600000,
+        "description": "stop posting after this long (perftest's -D); count becomes an upper bound"});
     stream_props["timeout_ms"] = json!({"type": "integer", "minimum": 0, "maximum": 600000});
     let wc = json!({"type": "object", "properties": {
         "wr_id": u64s, "status": {"type": "string"}, "opcode": {"type": "string"},
@@ -200,14 +202,16 @@ pub fn document() -> Value {
         json_ok(200, "connected", json!({"type": "object", "properties": {"connected": {"type": "integer"}}}),
             &[400, 404, 409, 503]))});
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
-        vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr", "count"],
+        vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr"],
             "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
                 "type": "object", "additionalProperties": false, "required": ["qpn"],
                 "properties": {"qpn": u32s, "remote_addr": u64s, "rkey": u32s}}},
                 "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
                 "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
                 "depth": {"type": "integer", "minimum": 1, "maximum": 16384},
-                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000},
+                "duration_ms": {"type": "integer", "minimum": 1, "maximum": 600000,
+                    "description": "stop posting after this long (perftest's -D); count (or duration_ms) is required"}}}))),
         json_ok(200, "done: the sum over the QPs, from the start to the last completion", json!({"type": "object", "properties": {
             "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
             "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});

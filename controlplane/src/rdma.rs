@@ -976,6 +976,7 @@ impl Rdma {
         qps: Vec<(u32, SendWr)>,
         count: u64,
         depth: usize,
+        duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
         let Some(&(first, _)) = qps.first() else {
@@ -995,6 +996,7 @@ impl Rdma {
             qps,
             count,
             depth,
+            duration,
             reply,
         })
     }
@@ -1271,6 +1273,7 @@ impl Rdma {
         wr: SendWr,
         count: u64,
         depth: usize,
+        duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
         let wr = Box::new(wr);
@@ -1280,6 +1283,7 @@ impl Rdma {
             wr,
             count,
             depth,
+            duration,
             reply,
         })
     }

@@ -1134,6 +1134,31 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
             assert!(cout.contains("Mtu             : 4096[B]"), "{cout}");
         }
     }
+    // Duration mode (-D): as many 4 KiB WRITEs as one second takes, on 2 QPs; both sides
+    // print the same (non-zero) count, and -D where it does not apply is a usage error.
+    oob += 1;
+    let (cout, sout) = perf_pair(
+        a,
+        b,
+        &["write", "bw"],
+        &["-s", "4096", "-D", "1", "-q", "2"],
+        oob,
+    );
+    let f: Vec<f64> = result_line(&cout)
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(f[0] == 4096.0 && f[1] > 100.0 && f[3] > 0.0, "{cout}");
+    assert_eq!(result_line(&sout), result_line(&cout), "{sout}");
+    for bad in [
+        &["perf", "send", "bw", "-D", "1", "127.0.0.1"][..],
+        &["perf", "write", "lat", "-D", "1", "127.0.0.1"],
+        &["perf", "write", "bw", "-D", "1", "-n", "5", "127.0.0.1"],
+        &["perf", "write", "bw", "-D", "0", "127.0.0.1"],
+    ] {
+        let (code, _, err) = rocectl(b, bad);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+    }
     // The JSON form, and nothing left behind on either node.
     oob += 1;
     let port = oob.to_string();

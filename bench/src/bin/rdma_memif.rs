@@ -75,6 +75,7 @@ fn main() {
                     wr: Box::new(wr),
                     count,
                     depth,
+                    duration: None,
                     reply: tx,
                 }))
                 .expect("lcore");

@@ -195,6 +195,8 @@ pub enum RdmaCommand {
         count: u64,
         /// Outstanding per QP.
         depth: usize,
+        /// Stop posting after this long, as for `Stream`.
+        duration: Option<core::time::Duration>,
         /// The result, or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
@@ -287,6 +289,8 @@ pub enum RdmaCommand {
         count: u64,
         /// Outstanding at most.
         depth: usize,
+        /// Stop posting after this long (perftest's -D), whatever is left of `count`.
+        duration: Option<core::time::Duration>,
         /// The result when done, or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
@@ -503,6 +507,8 @@ struct Stream {
     done: u64,
     errors: u64,
     started: crate::time::Instant,
+    /// No more posts from this time on (duration mode).
+    until: Option<crate::time::Instant>,
     /// The fewest nanoseconds per completed work request over any prefix of the run.
     best_ns_per_wr: f64,
     reply: StreamReply,
@@ -750,6 +756,10 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
         let mut posted = false;
         slot.qp.observe(now);
+        if st.until.is_some_and(|t| now >= t) {
+            // Duration mode: the time is up; the run ends when what is out completes.
+            st.to_post = 0;
+        }
         while st.to_post > 0 && st.outstanding < st.depth {
             let mut wr = st.wr.clone();
             wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
@@ -1473,6 +1483,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 wr,
                 count,
                 depth,
+                duration,
                 reply,
             } => {
                 let Some(i) = self.index(qpn) else {
@@ -1496,6 +1507,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     done: 0,
                     errors: 0,
                     started: now,
+                    until: duration.map(|d| now + d),
                     best_ns_per_wr: f64::INFINITY,
                     reply: StreamReply::One(reply),
                 });
@@ -1505,6 +1517,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 qps,
                 count,
                 depth,
+                duration,
                 reply,
             } => {
                 // Every QP must be able to start, or none does.
@@ -1553,6 +1566,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                             done: 0,
                             errors: 0,
                             started: now,
+                            until: duration.map(|d| now + d),
                             best_ns_per_wr: f64::INFINITY,
                             reply: StreamReply::Group(g),
                         });
@@ -2056,11 +2070,26 @@ mod tests {
             wr: Box::new(wr),
             count: 2000,
             depth: 16,
+            duration: None,
             reply,
         })
         .unwrap()
         .unwrap();
         assert_eq!((r.completed, r.errors), (2000, 0));
+        // Duration mode (perftest's -D): a count it could never reach, stopped by the clock;
+        // what was out completes, and none of the count left over is an error.
+        let r = ask(a, |reply| RdmaCommand::Stream {
+            qpn: pair.qpa,
+            wr: Box::new(r_wr.clone()),
+            count: u64::MAX,
+            depth: 16,
+            duration: Some(core::time::Duration::from_millis(100)),
+            reply,
+        })
+        .unwrap()
+        .unwrap();
+        assert!(r.completed > 0 && r.errors == 0, "{r:?}");
+        assert!(r.elapsed_ns >= 100_000_000, "{r:?}");
         // A QP that is not connected cannot stream.
         let q = ask(a, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
@@ -2077,6 +2106,7 @@ mod tests {
             wr: Box::new(r_wr.clone()),
             count: 1,
             depth: 1,
+            duration: None,
             reply,
         })
         .unwrap();
