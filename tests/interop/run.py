@@ -85,6 +85,8 @@ CASES = [
          "write bw -s 65536 -n 100 -m 4096"),
     case("write_bw 1MiB mtu4096", "ib_write_bw -s 1048576 -n 10 -m 4096",
          "write bw -s 1M -n 10 -m 4096"),
+    case("write_bw 4KiB -D 2s", "ib_write_bw -s 4096 -D 2 -m 1024",
+         "write bw -s 4096 -D 2 -m 1024"),
     case("read_bw 4KiB", "ib_read_bw -s 4096 -n 500 -m 1024", "read bw -s 4096 -n 500 -m 1024"),
     case("read_bw 1MiB mtu4096", "ib_read_bw -s 1048576 -n 10 -m 4096",
          "read bw -s 1M -n 10 -m 4096"),
