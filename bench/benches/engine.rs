@@ -84,6 +84,7 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         };
         let s = Instant::now();
         a.qp.post_send(wr).unwrap();

@@ -75,6 +75,11 @@ pub struct PerfArgs {
     /// atomic bandwidth tests, as the client).
     #[arg(long, short = 'D', value_parser = clap::value_parser!(u64).range(1..=600))]
     pub duration: Option<u64>,
+    /// Send messages of up to this many bytes inline (perftest's -I, IBV_SEND_INLINE: the
+    /// bytes are copied at post time): WRITE and SEND, 0 to 512.
+    #[arg(long, short = 'I', default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=512))]
+    pub inline_size: u32,
     /// Work requests outstanding at once (per QP).
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
@@ -246,7 +251,7 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     }
     let size = a.size();
     let rx_depth = a.iters().min(RX_DEPTH);
-    let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth)?;
+    let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth, a.inline_size)?;
     let half = buf.half;
     let test = a.test();
     let mine = Dest {
@@ -290,8 +295,10 @@ fn bandwidth(
         "POST",
         "/v1/qps/bulk",
         // Receive queues only where SENDs arrive (their CQs are allocated up front).
-        Some(json!({"count": a.qps, "max_send_wr": a.tx_depth,
-                    "max_recv_wr": if a.op == PerfOp::Send { rx_depth } else { 1 }})),
+        Some(
+            json!({"count": a.qps, "max_send_wr": a.tx_depth, "max_inline_data": a.inline_size,
+                    "max_recv_wr": if a.op == PerfOp::Send { rx_depth } else { 1 }}),
+        ),
     )?;
     let qpns: Vec<u32> = q["qpns"]
         .as_array()
@@ -425,12 +432,16 @@ impl<'a> Resources<'a> {
         size: u64,
         tx_depth: u32,
         rx_depth: u64,
+        max_inline_data: u32,
     ) -> Result<(Self, Buf, u32), Fail> {
         let (mut made, buf) = Self::buffer(c, size)?;
         let qp = c.call(
             "POST",
             "/v1/qps",
-            Some(json!({"max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1)})),
+            Some(
+                json!({"max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1),
+                        "max_inline_data": max_inline_data}),
+            ),
         )?;
         let qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
         made.qp = Some(qpn);
@@ -511,6 +522,9 @@ fn request(a: &PerfArgs, b: &Buf, remote: &Dest) -> Value {
             r["compare"] = json!(0);
             r["swap"] = json!(0);
         }
+    }
+    if matches!(a.op, PerfOp::Write | PerfOp::Send) && a.size() <= a.inline_size as u64 {
+        r["inline"] = json!(true);
     }
     r
 }
@@ -830,6 +844,7 @@ fn header(
     writeln!(out, " Mtu             : {mtu}[B]")?;
     writeln!(out, " Link type       : Ethernet")?;
     writeln!(out, " GID index       : {}", a.gid_index)?;
+    writeln!(out, " Max inline data : {}[B]", a.inline_size)?;
     if a.op == PerfOp::Atomic {
         writeln!(out, " Atomic op       : {:?}", a.atomic)?;
     }

@@ -169,7 +169,7 @@ pub(crate) fn pingpong(
     }
     let gid = local_gid(c, a.port, a.gid_index)?;
     let rx_depth = a.rx_depth.min(a.iters);
-    let (_made, buf, qpn) = Resources::create(c, a.size, 16, rx_depth)?;
+    let (_made, buf, qpn) = Resources::create(c, a.size, 16, rx_depth, 0)?;
     let mine = Addr {
         lid: 0,
         qpn,

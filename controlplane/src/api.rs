@@ -573,6 +573,8 @@ struct QpBody {
     #[serde(default)]
     max_recv_sge: Option<u32>,
     #[serde(default)]
+    max_inline_data: Option<u32>,
+    #[serde(default)]
     cc: Option<String>,
     #[serde(default)]
     cc_profile: Option<String>,
@@ -632,7 +634,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         max_recv_wr: b.max_recv_wr.unwrap_or(d.max_recv_wr),
         max_send_sge: b.max_send_sge.unwrap_or(d.max_send_sge),
         max_recv_sge: b.max_recv_sge.unwrap_or(d.max_recv_sge),
-        max_inline_data: 0,
+        max_inline_data: b.max_inline_data.unwrap_or(0),
         copy_tx: b.copy_tx,
     };
     let cc: CcKind =
@@ -927,6 +929,9 @@ struct SendBody {
     solicited: bool,
     #[serde(default)]
     fence: bool,
+    /// IBV_SEND_INLINE: the SG list's bytes are copied at post time.
+    #[serde(default)]
+    inline: bool,
     // For the stream endpoint only.
     #[serde(default)]
     count: Option<u64>,
@@ -1041,16 +1046,17 @@ fn send_wr(b: &SendBody) -> Result<SendWr, ApiError> {
         signaled: b.signaled,
         solicited: b.solicited,
         fence: b.fence,
+        inline: b.inline,
     })
 }
 
 async fn qp_send(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
     let qpn = id32("QPN", &q)?;
     let b: SendBody = body(&b)?;
-    if b.count.is_some() || b.depth.is_some() || b.timeout_ms.is_some() {
+    if b.count.is_some() || b.depth.is_some() || b.timeout_ms.is_some() || b.duration_ms.is_some() {
         return Err(ApiError::bad(
             "bad_wr",
-            "count, depth and timeout_ms belong to /stream",
+            "count, depth, timeout_ms and duration_ms belong to /stream",
         ));
     }
     let wr = send_wr(&b)?;
@@ -1096,6 +1102,8 @@ struct BulkBody {
     #[serde(default)]
     max_recv_wr: Option<u32>,
     #[serde(default)]
+    max_inline_data: Option<u32>,
+    #[serde(default)]
     cc: Option<String>,
 }
 
@@ -1114,6 +1122,7 @@ async fn qp_bulk_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let caps = QpCaps {
         max_send_wr: b.max_send_wr.unwrap_or(d.max_send_wr),
         max_recv_wr: b.max_recv_wr.unwrap_or(d.max_recv_wr),
+        max_inline_data: b.max_inline_data.unwrap_or(0),
         ..d
     };
     let cc: CcKind =

@@ -133,7 +133,8 @@ pub fn document() -> Value {
         "wr_id": u64s, "sge": {"type": "array", "items": sge, "maxItems": 4},
         "remote_addr": u64s, "rkey": u32s, "imm": u32s, "compare": u64s, "swap": u64s,
         "add": u64s, "signaled": {"type": "boolean"}, "solicited": {"type": "boolean"},
-        "fence": {"type": "boolean"}});
+        "fence": {"type": "boolean"},
+        "inline": {"type": "boolean", "description": "IBV_SEND_INLINE: the bytes are copied at post time (SEND and WRITE, up to the QP's max_inline_data)"}});
     // The attributes connect and modify take (modify also names the target state).
     let attr_props = json!({
         "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
@@ -187,6 +188,7 @@ pub fn document() -> Value {
             "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 200000},
                 "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
                 "max_send_wr": u32s, "max_recv_wr": u32s,
+                "max_inline_data": {"type": "integer", "minimum": 0, "maximum": 512},
                 "cc": {"type": "string", "enum": ["dcqcn", "none"]}}}))),
         json_ok(201, "the QPs", json!({"type": "object", "properties": {
             "qpns": {"type": "array", "items": u32s}, "lcore": {"type": "integer"}}}), &[400, 409, 503]))});
@@ -316,6 +318,7 @@ pub fn document() -> Value {
                         "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
                         "pd": u32s, "send_cq": u32s, "recv_cq": u32s,
                         "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
+                        "max_inline_data": {"type": "integer", "minimum": 0, "maximum": 512},
                         "cc": {"type": "string", "enum": ["dcqcn", "none"]},
                         "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
                         "dcqcn": dcqcn_knobs.clone(), "copy_tx": {"type": "boolean"}}}))),

@@ -1150,8 +1150,24 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         .collect();
     assert!(f[0] == 4096.0 && f[1] > 100.0 && f[3] > 0.0, "{cout}");
     assert_eq!(result_line(&sout), result_line(&cout), "{sout}");
+    // Inline (-I): 64-byte WRITEs and SENDs go inline (the QPs are created with room for
+    // them); both complete and the header says so.
+    for op in ["write", "send"] {
+        oob += 1;
+        let (cout, sout) = perf_pair(
+            a,
+            b,
+            &[op, "bw"],
+            &["-s", "64", "-n", "2000", "-I", "64"],
+            oob,
+        );
+        assert!(result_line(&cout).starts_with("64 2000 "), "{cout}");
+        assert!(cout.contains("Max inline data : 64[B]"), "{cout}");
+        assert!(result_line(&sout).starts_with("64 2000 "), "{sout}");
+    }
     for bad in [
-        &["perf", "send", "bw", "-D", "1", "127.0.0.1"][..],
+        &["perf", "write", "bw", "-I", "513", "127.0.0.1"][..],
+        &["perf", "send", "bw", "-D", "1", "127.0.0.1"],
         &["perf", "write", "lat", "-D", "1", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "1", "-n", "5", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "0", "127.0.0.1"],

@@ -389,6 +389,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
                     signaled: true,
                     solicited: false,
                     fence: false,
+                    inline: false,
                 };
                 if s.qps[0].post_send(wr).is_err() {
                     break;

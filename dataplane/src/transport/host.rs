@@ -729,6 +729,7 @@ impl<B: PacketBuf> RdmaHost<B> {
     /// Takes a stream's completions and tops its send queue up; replies when it is done.
     fn feed(&mut self, i: usize, now: crate::time::Instant) {
         let wcs = &mut self.wcs;
+        let mrs = &self.mrs;
         let Some(slot) = self.slots[i].as_mut() else {
             return;
         };
@@ -763,7 +764,10 @@ impl<B: PacketBuf> RdmaHost<B> {
         while st.to_post > 0 && st.outstanding < st.depth {
             let mut wr = st.wr.clone();
             wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
-            if slot.qp.post_send(wr).is_err() {
+            let posted_ok = super::wr::take_inline(mrs, &mut wr)
+                .map_err(PostError::from)
+                .and_then(|d| slot.qp.post_send_gathered(wr, d.as_deref()));
+            if posted_ok.is_err() {
                 break;
             }
             st.to_post -= 1;
@@ -958,7 +962,10 @@ impl<B: PacketBuf> RdmaHost<B> {
                         let mut wr = t.wr.clone();
                         wr.wr_id = t.wr.wr_id.wrapping_add(t.scnt);
                         slot.qp.observe(now);
-                        if let Err(e) = slot.qp.post_send(wr) {
+                        let r = super::wr::take_inline(mrs, &mut wr)
+                            .map_err(PostError::from)
+                            .and_then(|d| slot.qp.post_send_gathered(wr, d.as_deref()));
+                        if let Err(e) = r {
                             t.errors += 1;
                             t.failure = Some(format!("posting request {}: {e}", t.scnt + 1));
                             continue;
@@ -1456,11 +1463,15 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
                 let _ = reply.send(q);
             }
-            RdmaCommand::PostSend { qpn, wr, reply } => {
-                let r = self.on_qp(qpn, true, |s| {
-                    s.qp.observe(now);
-                    s.qp.post_send(*wr).map_err(|e: PostError| e.to_string())
-                });
+            RdmaCommand::PostSend { qpn, mut wr, reply } => {
+                let r = match super::wr::take_inline(&self.mrs, &mut wr) {
+                    Ok(d) => self.on_qp(qpn, true, |s| {
+                        s.qp.observe(now);
+                        s.qp.post_send_gathered(*wr, d.as_deref())
+                            .map_err(|e: PostError| e.to_string())
+                    }),
+                    Err(e) => Err(e.to_string()),
+                };
                 let _ = reply.send(r);
             }
             RdmaCommand::PostRecv { qpn, wr, reply } => {

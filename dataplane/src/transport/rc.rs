@@ -593,7 +593,23 @@ impl RcQp {
 
     /// Posts a send work request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        if wr.inline && !wr.sg.is_empty() {
+            // Its bytes must be gathered first (`wr::take_inline`); the QP has no regions.
+            return Err(WrError::BadInline.into());
+        }
         self.post(wr, None)
+    }
+
+    /// Posts `wr` with the inline bytes [`super::wr::take_inline`] gathered for it, if any.
+    pub fn post_send_gathered(
+        &mut self,
+        wr: SendWr,
+        inline: Option<&[u8]>,
+    ) -> Result<(), PostError> {
+        match inline {
+            Some(d) => self.post_send_inline(wr, d),
+            None => self.post_send(wr),
+        }
     }
 
     /// Posts a SEND or WRITE whose payload is `data`, copied now (verbs' IBV_SEND_INLINE: the

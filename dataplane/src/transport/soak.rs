@@ -441,6 +441,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                 signaled: true,
                 solicited: false,
                 fence,
+                inline: false,
             };
             if std::env::var_os("SOAK_TRACE").is_some() {
                 eprintln!("post side {me} qp {q} wr {id} {op:?} len {size}");

@@ -133,6 +133,9 @@ pub struct SendWr {
     /// Start only after every earlier READ and atomic on the QP has completed (IBV_SEND_FENCE),
     /// so this request cannot change memory one of them is still reading.
     pub fence: bool,
+    /// Send the SG list's bytes inline (IBV_SEND_INLINE): they are copied when the request
+    /// is posted, so its regions are free again at once (see [`take_inline`]).
+    pub inline: bool,
 }
 
 impl SendWr {
@@ -145,6 +148,7 @@ impl SendWr {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         }
     }
 
@@ -178,6 +182,9 @@ pub enum WrError {
     /// Inline data longer than the QP's max_inline_data, or inline on a READ or atomic.
     #[error("inline data longer than max_inline_data, or on an operation that carries none")]
     BadInline,
+    /// An inline request's SG list names memory that no local key covers.
+    #[error("an inline request's SG list is outside its regions (or a key is wrong)")]
+    BadInlineSge,
 }
 
 /// One packet of a message.
@@ -405,6 +412,27 @@ pub fn locate(sg: &[Sge], mut offset: u64, len: u64) -> Option<(u32, u64)> {
     None
 }
 
+/// The bytes of a request posted inline.
+pub type InlineData = ArrayVec<u8, { MAX_INLINE_DATA as usize }>;
+
+/// An inline request's bytes (IBV_SEND_INLINE with an SG list): gathered from the regions
+/// now and the SG list emptied, for `RcQp::post_send_inline`. None for a request that is not
+/// inline; an error when its bytes are more than [`MAX_INLINE_DATA`] or outside its regions.
+pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>, WrError> {
+    if !wr.inline {
+        return Ok(None);
+    }
+    let len = wr.length();
+    if len > MAX_INLINE_DATA as u64 || wr.op.is_read_or_atomic() {
+        return Err(WrError::BadInline);
+    }
+    let mut d = InlineData::new();
+    d.extend(core::iter::repeat_n(0, len as usize));
+    gather(mrs, &wr.sg, 0, &mut d).map_err(|_| WrError::BadInlineSge)?;
+    wr.sg.clear();
+    Ok(Some(d))
+}
+
 /// Copies `len` bytes at `offset` of the message described by `sg` into `out`, checking each
 /// region's key and bounds (a failure is a local protection error).
 pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Result<(), MrError> {
@@ -629,5 +657,21 @@ mod tests {
             gather(&t, &oob, 0, &mut out[..10]),
             Err(MrError::OutOfBounds)
         );
+        // Inline requests: the bytes are taken now and the SG list emptied; a request that is
+        // not inline is left alone; too long, a READ, or a bad key is refused.
+        let mut wr = SendWr::new(1, SendOp::Send, sg.iter().copied().collect());
+        assert_eq!(take_inline(&t, &mut wr), Ok(None));
+        assert_eq!(wr.sg.len(), 2);
+        wr.inline = true;
+        let d = take_inline(&t, &mut wr).unwrap().unwrap();
+        let want: Vec<u8> = (90u8..100).chain(100..150).collect();
+        assert_eq!((&d[..], wr.sg.len()), (&want[..], 0));
+        let mut big = SendWr::new(2, SendOp::Send, Sge::list(0x9000, 600, b));
+        big.inline = true;
+        assert_eq!(take_inline(&t, &mut big), Err(WrError::BadInline));
+        let mut bad_key = SendWr::new(3, SendOp::Send, bad.iter().copied().collect());
+        bad_key.inline = true;
+        assert_eq!(take_inline(&t, &mut bad_key), Err(WrError::BadInlineSge));
+        assert_eq!(bad_key.sg.len(), 1, "a refused request keeps its SG list");
     }
 }

@@ -188,6 +188,7 @@ fn fetch_add(a: &Node, b: &Node, id: u64, target: u64, add: u64, dst: u64) -> Se
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     }
 }
 
@@ -216,6 +217,7 @@ fn write_of_every_size_lands_byte_for_byte() {
                 signaled: true,
                 solicited: false,
                 fence: false,
+                inline: false,
             };
             a.qp.post_send(wr).unwrap();
             pump(&mut a, &mut b);
@@ -259,6 +261,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         })
         .unwrap();
     }
@@ -303,6 +306,7 @@ fn read_and_atomics_return_remote_data() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
@@ -322,6 +326,7 @@ fn read_and_atomics_return_remote_data() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     pump(&mut a, &mut b);
@@ -364,6 +369,7 @@ fn rkey_violation_naks_errors_and_flushes() {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         })
         .unwrap();
     }
@@ -405,6 +411,7 @@ fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     }
 }
 
@@ -418,6 +425,7 @@ fn rnr_is_retried_until_a_receive_is_posted() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     let mut rnr = 0;
@@ -465,6 +473,7 @@ fn rnr_retries_run_out() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     a.qp.post_send(write_wr(&a, &b, 10, 64)).unwrap();
@@ -606,6 +615,7 @@ fn duplicate_read_is_re_executed() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     let mut first = 0;
@@ -637,6 +647,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     })
     .unwrap();
     let mut requests = Vec::new();
@@ -742,6 +753,7 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
                 signaled: true,
                 solicited: false,
                 fence: false,
+                inline: false,
             };
             a.qp.post_send_inline(wr(SendOp::Send), &data[..len])
                 .unwrap();
@@ -840,6 +852,7 @@ fn caps_are_checked_at_create_and_post() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: false,
     };
     let write = SendOp::Write {
         remote_addr: BASE,
@@ -899,6 +912,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         })
         .unwrap();
         a.qp.post_send(SendWr {
@@ -911,6 +925,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             signaled: true,
             solicited: false,
             fence,
+            inline: false,
         })
         .unwrap();
         // The order frames leave in: 'R' READ request, 'r' its last response, 'W' the WRITE.
@@ -957,6 +972,7 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: false,
         })
         .unwrap();
         let mut f = Vec::new();
