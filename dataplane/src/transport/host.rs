@@ -514,6 +514,27 @@ struct Stream {
     reply: StreamReply,
 }
 
+impl Stream {
+    /// Its errors, and, when it ends early, what it had not done (in duration mode what it
+    /// had not posted is not owed: its count is only a bound).
+    fn undone(&self) -> u64 {
+        let unposted = if self.until.is_some() {
+            0
+        } else {
+            self.to_post
+        };
+        self.errors
+            .saturating_add(unposted)
+            .saturating_add(self.outstanding as u64)
+    }
+}
+
+/// Posts `wr` on `qp`, its bytes gathered from `mrs` now if it is inline.
+fn post_gathered(qp: &mut RcQp, mrs: &MrTable, mut wr: SendWr) -> Result<(), PostError> {
+    let d = super::wr::take_inline(mrs, &mut wr)?;
+    qp.post_send_gathered(wr, d.as_deref())
+}
+
 /// Where a finished stream reports.
 enum StreamReply {
     /// Its own caller.
@@ -764,10 +785,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         while st.to_post > 0 && st.outstanding < st.depth {
             let mut wr = st.wr.clone();
             wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
-            let posted_ok = super::wr::take_inline(mrs, &mut wr)
-                .map_err(PostError::from)
-                .and_then(|d| slot.qp.post_send_gathered(wr, d.as_deref()));
-            if posted_ok.is_err() {
+            if post_gathered(&mut slot.qp, mrs, wr).is_err() {
                 break;
             }
             st.to_post -= 1;
@@ -780,7 +798,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             let st = slot.stream.take().expect("stream present");
             let r = StreamResult {
                 completed: st.done,
-                errors: st.errors + st.to_post + st.outstanding as u64,
+                errors: st.undone(),
                 elapsed_ns: now.0.saturating_sub(st.started.0),
                 best_ns_per_wr: st.best_ns_per_wr,
             };
@@ -962,10 +980,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         let mut wr = t.wr.clone();
                         wr.wr_id = t.wr.wr_id.wrapping_add(t.scnt);
                         slot.qp.observe(now);
-                        let r = super::wr::take_inline(mrs, &mut wr)
-                            .map_err(PostError::from)
-                            .and_then(|d| slot.qp.post_send_gathered(wr, d.as_deref()));
-                        if let Err(e) = r {
+                        if let Err(e) = post_gathered(&mut slot.qp, mrs, wr) {
                             t.errors += 1;
                             t.failure = Some(format!("posting request {}: {e}", t.scnt + 1));
                             continue;
@@ -1188,18 +1203,12 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             // A several-QP run loses this member: what it had not done counts as errors,
             // and the run ends when the others do.
-            if let Some(Stream {
-                reply: StreamReply::Group(g),
-                to_post,
-                outstanding,
-                done,
-                errors,
-                ..
-            }) = s.stream
+            if let Some(st) = s.stream
+                && let StreamReply::Group(g) = st.reply
                 && let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut)
             {
-                grp.completed += done;
-                grp.errors += errors + to_post + outstanding as u64;
+                grp.completed += st.done;
+                grp.errors = grp.errors.saturating_add(st.undone());
                 grp.remaining -= 1;
                 if grp.remaining == 0 {
                     let grp = self.groups[g].take().expect("group present");
