@@ -675,7 +675,7 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         "access": access_names(c.access),
         "caps": {"max_send_wr": q.caps.max_send_wr, "max_recv_wr": q.caps.max_recv_wr,
                  "max_send_sge": q.caps.max_send_sge, "max_recv_sge": q.caps.max_recv_sge,
-                 "copy_tx": q.caps.copy_tx},
+                 "max_inline_data": q.caps.max_inline_data, "copy_tx": q.caps.copy_tx},
         "cc": {"kind": q.cc_kind, "rate_bps": q.rate_bps,
                "target_bps": q.dcqcn.map(|d| d.0), "alpha": q.dcqcn.map(|d| d.1),
                "dcqcn": q.cc_params},
