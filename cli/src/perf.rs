@@ -547,7 +547,7 @@ fn run_bandwidth(
         .map(|(q, r)| json!({"qpn": q, "remote_addr": r.vaddr, "rkey": r.rkey}))
         .collect();
     let mut b = json!({"qps": targets, "wr": request(a, buf, first),
-                       "depth": a.tx_depth.min(16384), "timeout_ms": 60_000});
+                       "depth": a.tx_depth.min(16384), "timeout_ms": 600_000});
     match a.duration {
         Some(secs) => b["duration_ms"] = json!(secs * 1000),
         None => b["count"] = json!(a.iters()),
