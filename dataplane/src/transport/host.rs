@@ -515,6 +515,28 @@ struct Stream {
 }
 
 impl Stream {
+    /// A stream starting `now`: `count` copies of `wr`, `depth` outstanding, posting for
+    /// `duration` at most.
+    fn new(
+        wr: SendWr,
+        (count, depth, duration): (u64, usize, Option<core::time::Duration>),
+        now: crate::time::Instant,
+        reply: StreamReply,
+    ) -> Stream {
+        Stream {
+            wr,
+            depth: depth.max(1),
+            to_post: count,
+            outstanding: 0,
+            done: 0,
+            errors: 0,
+            started: now,
+            until: duration.map(|d| now + d),
+            best_ns_per_wr: f64::INFINITY,
+            reply,
+        }
+    }
+
     /// Its errors, and, when it ends early, what it had not done (in duration mode what it
     /// had not posted is not owed: its count is only a bound).
     fn undone(&self) -> u64 {
@@ -1519,18 +1541,12 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
                     return;
                 }
-                slot.stream = Some(Stream {
-                    wr: *wr,
-                    depth: depth.max(1),
-                    to_post: count,
-                    outstanding: 0,
-                    done: 0,
-                    errors: 0,
-                    started: now,
-                    until: duration.map(|d| now + d),
-                    best_ns_per_wr: f64::INFINITY,
-                    reply: StreamReply::One(reply),
-                });
+                slot.stream = Some(Stream::new(
+                    *wr,
+                    (count, depth, duration),
+                    now,
+                    StreamReply::One(reply),
+                ));
                 self.feed(i, now);
             }
             RdmaCommand::Streams {
@@ -1578,18 +1594,12 @@ impl<B: PacketBuf> RdmaHost<B> {
                 });
                 for (&i, (_, wr)) in slots.iter().zip(qps) {
                     if let Some(s) = self.slots[i].as_mut() {
-                        s.stream = Some(Stream {
+                        s.stream = Some(Stream::new(
                             wr,
-                            depth: depth.max(1),
-                            to_post: count,
-                            outstanding: 0,
-                            done: 0,
-                            errors: 0,
-                            started: now,
-                            until: duration.map(|d| now + d),
-                            best_ns_per_wr: f64::INFINITY,
-                            reply: StreamReply::Group(g),
-                        });
+                            (count, depth, duration),
+                            now,
+                            StreamReply::Group(g),
+                        ));
                     }
                 }
                 for i in slots {
