@@ -83,7 +83,7 @@ pub struct PerfArgs {
     /// Work requests outstanding at once (per QP).
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
-    /// QPs (bandwidth tests of WRITE, READ and atomics): each runs the test, `-n` messages,
+    /// QPs (bandwidth tests): each runs the test, `-n` messages,
     /// all on one lcore of each node.
     #[arg(long, short = 'q', default_value_t = 1)]
     pub qps: usize,
@@ -239,11 +239,8 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     if a.duration.is_some() && a.iters.is_some() {
         return Err(Fail(2, "-D and -n: give one of them".into()));
     }
-    if a.qps != 1 && (a.kind == PerfKind::Lat || a.op == PerfOp::Send || a.qps == 0) {
-        return Err(Fail(
-            2,
-            "-q runs WRITE, READ and atomic bandwidth tests on 1 or more QPs".into(),
-        ));
+    if a.qps != 1 && (a.kind == PerfKind::Lat || a.qps == 0) {
+        return Err(Fail(2, "-q runs bandwidth tests on 1 or more QPs".into()));
     }
     let gid = local_gid(c, a.port, a.gid_index)?;
     if a.kind == PerfKind::Bw {
@@ -351,17 +348,19 @@ fn bandwidth(
         )
         .map(drop)
     };
-    let qpn0 = qpns.first().copied().unwrap_or(0);
     let o = crate::perftest::bw_exchange(
         &mut oob,
         test,
         a.mtu,
         &mine,
         connect,
-        || send_receives(c, a, qpn0, &buf, rx_depth),
+        || {
+            qpns.iter()
+                .try_for_each(|&q| send_receives(c, a, q, &buf, rx_depth))
+        },
         |remote| match role {
             Role::Client => run_bandwidth(c, a, &qpns, &buf, remote),
-            Role::Server => receive_bandwidth(c, a, qpn0, &buf, rx_depth),
+            Role::Server => receive_bandwidth(c, a, &qpns, &buf, rx_depth),
         },
     )?;
     print_bandwidth(a, role, &mine[0], &o, json, out)
@@ -556,19 +555,25 @@ fn run_bandwidth(
     report(a, &r, qpns.len() as u64)
 }
 
-/// The SEND bandwidth server: the QP's lcore takes the messages and reposts receives; its
-/// figures run from the first arrival to the last.
+/// The SEND bandwidth server: the QPs' lcore takes the messages and reposts receives; its
+/// figures run from the first arrival (on any QP) to the last.
 fn receive_bandwidth(
     c: &Client,
     a: &PerfArgs,
-    qpn: u32,
+    qpns: &[u32],
     b: &Buf,
     posted: u64,
 ) -> Result<BwReport, Fail> {
-    let body = json!({"wr_id": 2_000_000, "sge": b.sge(b.addr + b.half), "count": a.iters(),
-                      "posted": posted, "timeout_ms": 600_000});
-    let r = c.call("POST", &format!("/v1/qps/{qpn}/recv-stream"), Some(body))?;
-    report(a, &r, 1)
+    let mut body = json!({"wr_id": 2_000_000, "sge": b.sge(b.addr + b.half), "count": a.iters(),
+                          "posted": posted, "timeout_ms": 600_000});
+    let r = match qpns {
+        [qpn] => c.call("POST", &format!("/v1/qps/{qpn}/recv-stream"), Some(body))?,
+        _ => {
+            body["qpns"] = json!(qpns);
+            c.call("POST", "/v1/recv-streams", Some(body))?
+        }
+    };
+    report(a, &r, qpns.len() as u64)
 }
 
 /// perftest's bandwidth figures from a stream's result over `qps` QPs (iterations are per

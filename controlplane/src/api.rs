@@ -131,6 +131,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/bulk/destroy", post(qp_bulk_destroy))
         .route("/v1/streams", post(streams))
         .route("/v1/qps/{qpn}/recv-stream", post(qp_recv_stream))
+        .route("/v1/recv-streams", post(recv_streams))
         .route("/v1/stats", get(stats))
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
@@ -1271,30 +1272,58 @@ struct RecvStreamBody {
     posted: u64,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// /v1/recv-streams only: the QPs.
+    #[serde(default)]
+    qpns: Option<Vec<u32>>,
 }
 
-async fn qp_recv_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
-    let qpn = id32("QPN", &q)?;
-    let b: RecvStreamBody = body(&b)?;
-    let wait_ms = b.timeout_ms.unwrap_or(60_000);
-    if !(1..=100_000_000).contains(&b.count) || b.posted > b.count || wait_ms > 600_000 {
-        return Err(ApiError::bad(
-            "bad_wr",
-            "count is 1 to 100000000, posted at most count, timeout_ms at most 600000",
-        ));
+impl RecvStreamBody {
+    /// The receive to repost and how long to wait, or what is wrong.
+    fn checked(&self) -> Result<(RecvWr, Duration), ApiError> {
+        let wait_ms = self.timeout_ms.unwrap_or(60_000);
+        if !(1..=100_000_000).contains(&self.count) || self.posted > self.count || wait_ms > 600_000
+        {
+            return Err(ApiError::bad(
+                "bad_wr",
+                "count is 1 to 100000000, posted at most count, timeout_ms at most 600000",
+            ));
+        }
+        let recv = RecvWr {
+            wr_id: self.wr_id,
+            sg: sg_list(&self.sge)?,
+        };
+        Ok((recv, Duration::from_millis(wait_ms)))
     }
-    let recv = RecvWr {
-        wr_id: b.wr_id,
-        sg: sg_list(&b.sge)?,
-    };
-    let (count, posted) = (b.count, b.posted);
-    let wait = Duration::from_millis(wait_ms);
-    let r = blocking(move || s.rdma.recv_stream(qpn, recv, count, posted, wait)).await?;
+}
+
+fn stream_result(r: dataplane::transport::host::StreamResult) -> Reply {
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
               "best_ns_per_wr": best}),
     )
+}
+
+async fn qp_recv_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes) -> Reply {
+    let qpn = id32("QPN", &q)?;
+    let b: RecvStreamBody = body(&b)?;
+    if b.qpns.is_some() {
+        return Err(ApiError::bad("bad_wr", "qpns belongs to /v1/recv-streams"));
+    }
+    let (recv, wait) = b.checked()?;
+    let (count, posted) = (b.count, b.posted);
+    stream_result(blocking(move || s.rdma.recv_stream(qpn, recv, count, posted, wait)).await?)
+}
+
+async fn recv_streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: RecvStreamBody = body(&b)?;
+    let (recv, wait) = b.checked()?;
+    let qpns = b.qpns.unwrap_or_default();
+    if qpns.is_empty() || qpns.len() > MAX_BULK {
+        return Err(ApiError::bad("bad_wr", format!("qpns: 1 to {MAX_BULK}")));
+    }
+    let (count, posted) = (b.count, b.posted);
+    stream_result(blocking(move || s.rdma.recv_streams(qpns, recv, count, posted, wait)).await?)
 }
 
 /// Largest latency test the API runs (its result lists every iteration).

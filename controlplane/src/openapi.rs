@@ -183,6 +183,17 @@ pub fn document() -> Value {
         json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
             "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
             "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
+    let recv_streams_path = json!({"post": op("Receive streams on several QPs of one lcore at once (a SEND bandwidth server with several QPs): `count` messages and `posted` receives on each; the sum, from the first arrival on any to the last",
+        vec![],
+        Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns", "count"],
+            "properties": {"qpns": {"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s},
+                "wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
+                "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
+                "posted": u64s,
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
+        json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
+            "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
+            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
     let bulk_path = json!({"post": op("Create `count` RC QPs (in RESET) on one lcore, all or none: a perftest run with several QPs",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
             "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 200000},
@@ -373,6 +384,7 @@ pub fn document() -> Value {
                     &[400, 404, 503]))},
             "/v1/streams": streams_path,
             "/v1/qps/{qpn}/recv-stream": recv_stream_path,
+            "/v1/recv-streams": recv_streams_path,
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
                     "items": {"type": "object"}}}}), &[503]))},

@@ -1311,6 +1311,40 @@ impl Rdma {
         })
     }
 
+    /// Receive streams on several QPs of one lcore at once (see `RdmaCommand::RecvStreams`).
+    pub fn recv_streams(
+        &self,
+        qpns: Vec<u32>,
+        recv: RecvWr,
+        count: u64,
+        posted: u64,
+        wait: Duration,
+    ) -> Result<StreamResult, ApiError> {
+        let first = *qpns
+            .first()
+            .ok_or_else(|| ApiError::bad("bad_wr", "no QPs"))?;
+        let l = self.lcore_of(first)?;
+        for q in &qpns {
+            if self.lcore_of(*q)? != l {
+                return Err(ApiError::bad(
+                    "bad_wr",
+                    "a several-QP receive stream runs on one lcore: its QPs must share it",
+                ));
+            }
+        }
+        let recv = Box::new(recv);
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(first, "receive stream", codes, wait, |reply| {
+            RdmaCommand::RecvStreams {
+                qpns,
+                recv,
+                count,
+                posted,
+                reply,
+            }
+        })
+    }
+
     /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`);
     /// waits up to `wait` for it.
     pub fn latency_test(

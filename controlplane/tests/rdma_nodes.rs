@@ -1091,6 +1091,10 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
             "read",
             vec!["-s", "1024", "-n", "300", "-q", "40", "-t", "2"],
         ),
+        (
+            "send",
+            vec!["-s", "4096", "-n", "300", "-q", "8", "-t", "4"],
+        ),
     ] {
         oob += 1;
         let (cout, sout) = perf_pair(a, b, &[op, "bw"], &extra, oob);

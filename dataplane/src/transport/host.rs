@@ -310,6 +310,21 @@ pub enum RdmaCommand {
         /// The result (elapsed from the first arrival to the last), or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
+    /// `RecvStream` on several QPs of this lcore at once (a SEND bandwidth server with
+    /// several QPs): `count` messages and `posted` receives each; one reply, the sum, from
+    /// the first arrival on any of them to the last.
+    RecvStreams {
+        /// The QPs.
+        qpns: Vec<u32>,
+        /// The receive to repost.
+        recv: Box<RecvWr>,
+        /// Messages to receive on each.
+        count: u64,
+        /// Receives posted before on each.
+        posted: u64,
+        /// The result, or why it could not start.
+        reply: Sender<Result<StreamResult, String>>,
+    },
     /// Runs one of perftest's latency tests on a connected QP, on the lcore itself; replies
     /// when it is done. The QP's send (and, for SEND, receive) completions go to the test
     /// meanwhile.
@@ -571,6 +586,8 @@ struct StreamGroup {
     completed: u64,
     errors: u64,
     started: crate::time::Instant,
+    /// The first arrival on any member (receive streams), from which its time runs.
+    first: Option<crate::time::Instant>,
     reply: Sender<Result<StreamResult, String>>,
 }
 
@@ -584,7 +601,7 @@ struct RecvStream {
     errors: u64,
     first: Option<crate::time::Instant>,
     best_ns_per_wr: f64,
-    reply: Sender<Result<StreamResult, String>>,
+    reply: StreamReply,
 }
 
 /// What a stream did.
@@ -834,24 +851,66 @@ impl<B: PacketBuf> RdmaHost<B> {
         if posted {
             self.mark_ready(i);
         }
-        if let Some((g, r)) = finished
-            && let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut)
-        {
-            grp.completed += r.completed;
-            grp.errors += r.errors;
-            grp.remaining -= 1;
-            if grp.remaining == 0 {
-                let grp = self.groups[g].take().expect("group present");
-                let elapsed = now.0.saturating_sub(grp.started.0);
-                let _ = grp.reply.send(Ok(StreamResult {
-                    completed: grp.completed,
-                    errors: grp.errors,
-                    elapsed_ns: elapsed,
-                    // The group keeps no per-completion times: its average.
-                    best_ns_per_wr: elapsed as f64 / grp.completed.max(1) as f64,
-                }));
-            }
+        if let Some((g, r)) = finished {
+            self.member_done(g, r, None, now);
         }
+    }
+
+    /// A member of several-QP run `g` finished with `r` (`first`: its first arrival, for
+    /// receive streams); the last one replies for the group.
+    fn member_done(
+        &mut self,
+        g: usize,
+        r: StreamResult,
+        first: Option<crate::time::Instant>,
+        now: crate::time::Instant,
+    ) {
+        let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut) else {
+            return;
+        };
+        grp.completed += r.completed;
+        grp.errors = grp.errors.saturating_add(r.errors);
+        grp.first = match (grp.first, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        grp.remaining -= 1;
+        if grp.remaining == 0 {
+            let grp = self.groups[g].take().expect("group present");
+            let elapsed = now.0.saturating_sub(grp.first.unwrap_or(grp.started).0);
+            let _ = grp.reply.send(Ok(StreamResult {
+                completed: grp.completed,
+                errors: grp.errors,
+                elapsed_ns: elapsed,
+                // The group keeps no per-completion times: its average.
+                best_ns_per_wr: elapsed as f64 / grp.completed.max(1) as f64,
+            }));
+        }
+    }
+
+    /// A new several-QP run of `members` QPs; its index.
+    fn new_group(
+        &mut self,
+        members: usize,
+        now: crate::time::Instant,
+        reply: Sender<Result<StreamResult, String>>,
+    ) -> usize {
+        let g = match self.groups.iter().position(Option::is_none) {
+            Some(g) => g,
+            None => {
+                self.groups.push(None);
+                self.groups.len() - 1
+            }
+        };
+        self.groups[g] = Some(StreamGroup {
+            remaining: members,
+            completed: 0,
+            errors: 0,
+            started: now,
+            first: None,
+            reply,
+        });
+        g
     }
 
     /// Takes a receive stream's completions and reposts receives; replies when it is done.
@@ -896,13 +955,18 @@ impl<B: PacketBuf> RdmaHost<B> {
         let failed = slot.qp.cfg.state == super::qp::QpState::Err || st.errors > 0;
         if st.done + st.errors >= st.count || failed {
             let st = slot.rstream.take().expect("receive stream present");
-            let first = st.first.unwrap_or(now);
-            let _ = st.reply.send(Ok(StreamResult {
+            let r = StreamResult {
                 completed: st.done,
                 errors: st.count - st.done,
-                elapsed_ns: now.0.saturating_sub(first.0),
+                elapsed_ns: now.0.saturating_sub(st.first.unwrap_or(now).0),
                 best_ns_per_wr: st.best_ns_per_wr,
-            }));
+            };
+            match st.reply {
+                StreamReply::One(tx) => {
+                    let _ = tx.send(Ok(r));
+                }
+                StreamReply::Group(g) => self.member_done(g, r, st.first, now),
+            }
         }
     }
 
@@ -1225,12 +1289,22 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             // A several-QP run loses this member: what it had not done counts as errors,
             // and the run ends when the others do.
-            if let Some(st) = s.stream
-                && let StreamReply::Group(g) = st.reply
+            let lost = match (s.stream, s.rstream) {
+                (Some(st), _) => match st.reply {
+                    StreamReply::Group(g) => Some((g, st.done, st.undone())),
+                    StreamReply::One(_) => None,
+                },
+                (None, Some(rs)) => match rs.reply {
+                    StreamReply::Group(g) => Some((g, rs.done, rs.count - rs.done)),
+                    StreamReply::One(_) => None,
+                },
+                (None, None) => None,
+            };
+            if let Some((g, done, undone)) = lost
                 && let Some(grp) = self.groups.get_mut(g).and_then(Option::as_mut)
             {
-                grp.completed += st.done;
-                grp.errors = grp.errors.saturating_add(st.undone());
+                grp.completed += done;
+                grp.errors = grp.errors.saturating_add(undone);
                 grp.remaining -= 1;
                 if grp.remaining == 0 {
                     let grp = self.groups[g].take().expect("group present");
@@ -1578,20 +1652,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err("no QPs".into()));
                     return;
                 }
-                let g = match self.groups.iter().position(Option::is_none) {
-                    Some(g) => g,
-                    None => {
-                        self.groups.push(None);
-                        self.groups.len() - 1
-                    }
-                };
-                self.groups[g] = Some(StreamGroup {
-                    remaining: slots.len(),
-                    completed: 0,
-                    errors: 0,
-                    started: now,
-                    reply,
-                });
+                let g = self.new_group(slots.len(), now, reply);
                 for (&i, (_, wr)) in slots.iter().zip(qps) {
                     if let Some(s) = self.slots[i].as_mut() {
                         s.stream = Some(Stream::new(
@@ -1637,9 +1698,60 @@ impl<B: PacketBuf> RdmaHost<B> {
                     errors: 0,
                     first: None,
                     best_ns_per_wr: f64::INFINITY,
-                    reply,
+                    reply: StreamReply::One(reply),
                 });
                 self.feed_recv(i, now);
+            }
+            RdmaCommand::RecvStreams {
+                qpns,
+                recv,
+                count,
+                posted,
+                reply,
+            } => {
+                // Every QP must be able to start, or none does.
+                let mut slots = Vec::with_capacity(qpns.len());
+                for qpn in &qpns {
+                    let ok = self.index(*qpn).and_then(|i| {
+                        let s = self.slots[i].as_ref()?;
+                        let connected = matches!(
+                            s.qp.cfg.state,
+                            super::qp::QpState::Rtr | super::qp::QpState::Rts
+                        );
+                        (s.rstream.is_none() && s.lat.is_none() && connected).then_some(i)
+                    });
+                    match ok {
+                        Some(i) => slots.push(i),
+                        None => {
+                            let _ = reply.send(Err(format!(
+                                "QP {qpn} is not here, not connected or already receiving a test"
+                            )));
+                            return;
+                        }
+                    }
+                }
+                if slots.is_empty() {
+                    let _ = reply.send(Err("no QPs".into()));
+                    return;
+                }
+                let g = self.new_group(slots.len(), now, reply);
+                for &i in &slots {
+                    if let Some(s) = self.slots[i].as_mut() {
+                        s.rstream = Some(RecvStream {
+                            recv: (*recv).clone(),
+                            count,
+                            posted,
+                            done: 0,
+                            errors: 0,
+                            first: None,
+                            best_ns_per_wr: f64::INFINITY,
+                            reply: StreamReply::Group(g),
+                        });
+                    }
+                }
+                for i in slots {
+                    self.feed_recv(i, now);
+                }
             }
             RdmaCommand::Latency {
                 qpn,
