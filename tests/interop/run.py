@@ -133,9 +133,8 @@ CASES = [
          "send bw -s 4096 -n 300 -m 1024", netem="loss 2%", impair=0.02),
     case("loss atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 300",
          "atomic bw -A fetch-add -n 300", netem="loss 2%", impair=0.02),
-    case("loss write_lat 8B", "ib_write_lat -s 8 -n 200 -m 1024",
-         "write lat -s 8 -n 200 -m 1024", netem="loss 2%", impair=0.02),
-    # No rc_pingpong under loss: its last message's ACK may be lost after the peer, done,
+    # No ping-pong (rc_pingpong, write_lat) under loss: its last message's ACK may be lost
+    # after the peer, done,
     # has exited, and then the sender's final completion is RETRY_EXC_ERR whatever the stack
     # (tests/interop/NOTES.md).
     # ECN: the VM sends ECT(0) (--tclass=2) and netem marks CE instead of dropping (its ecn
