@@ -357,12 +357,6 @@ impl Test {
             Test::Write | Test::Send => 1,
         }
     }
-
-    /// Key exchanges before traffic: 3, or 4 for SEND (its server runs too and syncs once
-    /// more, after posting its receives).
-    fn barriers_before(self) -> usize {
-        if self == Test::Send { 4 } else { 3 }
-    }
 }
 
 /// What a bandwidth test's exchange gave.
@@ -430,8 +424,12 @@ pub fn lat_exchange<S: Read + Write, E: From<OobError>, R>(
 /// barrier ahead of traffic (a SEND server posts its receives there), and `run()` is the test
 /// itself (the client's, and a SEND server's) towards the peer's keys, giving our results.
 ///
-/// With several QPs (`mine` has one `Dest` each) the keys go once per QP, in order, and the
-/// barriers after use the first QP's, as perftest's `-q` does.
+/// With several QPs (`mine` has one `Dest` each) the keys go per QP, in order, twice: once
+/// before the QPs connect and once after (perftest prints, and uses, the second round's),
+/// with one barrier on the first QP's keys between the rounds for SEND; the barriers after
+/// use the first QP's keys. That is perftest 4.5's `-q` on the wire (a capture of two
+/// Soft-RoCE hosts running `ib_write_bw -q 2` and `ib_send_bw -q 2`); with one QP it is the
+/// three exchanges before traffic (four for SEND) that every perftest test makes.
 pub fn bw_exchange<S: Read + Write, E: From<OobError>>(
     oob: &mut Oob<S>,
     test: Test,
@@ -450,8 +448,15 @@ pub fn bw_exchange<S: Read + Write, E: From<OobError>>(
     let mtu = oob.setup(mtu)?;
     let remote = oob.keys_many(all)?;
     connect(mtu, &remote)?;
-    for _ in 1..test.barriers_before() - 1 {
+    if test == Test::Send {
         oob.keys(mine)?;
+    }
+    let again = oob.keys_many(all)?;
+    if again != remote {
+        return Err(E::from(OobError::Malformed {
+            what: "second round of keys",
+            got: format!("{} keys that differ from the first round's", again.len()),
+        }));
     }
     if oob.role == Role::Server {
         ready()?;
@@ -559,6 +564,13 @@ mod tests {
     /// Plays one role against the other role's bytes from a capture: everything the peer sent
     /// is consumed, and we sent exactly as many bytes as the peer's counterpart did.
     fn replay(name: &str, test: Test, role: Role) -> (BwOutcome, bool) {
+        let (out, ran, _) = replay_qps(name, test, role, 1);
+        (out, ran)
+    }
+
+    /// [`replay`] with `qps` QPs (0x77, 0x78, ...); also gives the QPNs of the keys we sent, in
+    /// order, and checks that the peer's counterpart sent its QPs' keys in the same order.
+    fn replay_qps(name: &str, test: Test, role: Role, qps: u32) -> (BwOutcome, bool, Vec<u32>) {
         let (to_server, to_client) = tcp_streams(name);
         let (input, theirs_out) = match role {
             Role::Server => (to_server, to_client),
@@ -576,7 +588,7 @@ mod tests {
             &mut oob,
             test,
             4096,
-            &[dest(0x77)],
+            &(0..qps).map(|i| dest(0x77 + i)).collect::<Vec<_>>(),
             |mtu, _| {
                 let want = if name.starts_with("mtu4k") {
                     4096
@@ -609,7 +621,76 @@ mod tests {
             theirs_out.len(),
             "{name} as {role:?}: we sent what the peer's counterpart sent"
         );
-        (out, ran)
+        // The keys in each direction, as QP indices (0 for the lowest QPN, ...).
+        let order = |bytes: &[u8]| -> Vec<u32> {
+            let (mut qpns, mut i) = (Vec::new(), 0);
+            while i + KEY_MSG <= bytes.len() {
+                match Dest::parse(&bytes[i..i + KEY_MSG]) {
+                    Ok(d) => {
+                        qpns.push(d.qpn);
+                        i += KEY_MSG;
+                    }
+                    Err(_) => i += 1,
+                }
+            }
+            let low = qpns.iter().copied().min().unwrap_or(0);
+            qpns.iter().map(|q| q - low).collect()
+        };
+        let ours = order(&oob.s.output);
+        assert_eq!(
+            ours,
+            order(&theirs_out),
+            "{name} as {role:?}: our keys went in the order the peer's counterpart sent its own"
+        );
+        (out, ran, ours)
+    }
+
+    /// perftest's `-q 2` between two Soft-RoCE hosts: the keys go twice per QP (and for SEND
+    /// a barrier between the rounds), and each side uses the second round's.
+    #[test]
+    fn several_qps_exchange_as_perftest_does() {
+        for (name, test, want) in [
+            (
+                "write_bw_q2_oob.pcap",
+                Test::Write,
+                &[0, 1, 0, 1, 0, 0, 0][..],
+            ),
+            (
+                "send_bw_q2_oob.pcap",
+                Test::Send,
+                &[0, 1, 0, 0, 1, 0, 0][..],
+            ),
+        ] {
+            for role in [Role::Server, Role::Client] {
+                let (out, _, ours) = replay_qps(name, test, role, 2);
+                assert_eq!(ours, want, "{name} as {role:?}");
+                let remote: Vec<u32> = out.remote.iter().map(|d| d.qpn).collect();
+                assert_eq!(remote.len(), 2, "{name} as {role:?}: one key per QP");
+                assert_eq!(remote[1], remote[0] + 1, "{name} as {role:?}: {remote:x?}");
+            }
+        }
+        // A peer whose second round names other QPs is refused, not half-connected.
+        let mut input = tcp_streams("write_bw_q2_oob.pcap").1;
+        let second = 16 + 4 + 4 + 2 + 2 * KEY_MSG;
+        input.copy_within(second + KEY_MSG..second + 2 * KEY_MSG, second);
+        let mut oob = Oob::new(
+            Replay {
+                input: Cursor::new(input),
+                output: Vec::new(),
+            },
+            Role::Client,
+        );
+        let e = bw_exchange::<_, OobError>(
+            &mut oob,
+            Test::Write,
+            1024,
+            &[dest(0x77), dest(0x78)],
+            |_, _| Ok(()),
+            || Ok(()),
+            |_| unreachable!("no traffic after a bad exchange"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("second round"), "{e}");
     }
 
     #[test]

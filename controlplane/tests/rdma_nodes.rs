@@ -1100,10 +1100,18 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         let (cout, sout) = perf_pair(a, b, &[op, "bw"], &extra, oob);
         let line = result_line(&cout);
         let f: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        // perftest prints the iterations of all QPs together (-n 300 -q 16: 4800).
+        let qps: f64 = extra
+            .iter()
+            .position(|&x| x == "-q")
+            .map_or(1.0, |i| extra[i + 1].parse().unwrap());
         let (size, iters) = if op == "atomic" {
             (8.0, 3000.0)
         } else {
-            (extra[1].parse().unwrap(), extra[3].parse().unwrap())
+            (
+                extra[1].parse().unwrap(),
+                extra[3].parse::<f64>().unwrap() * qps,
+            )
         };
         assert_eq!((f[0], f[1]), (size, iters), "{cout}");
         assert!(

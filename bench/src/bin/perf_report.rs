@@ -499,7 +499,7 @@ fn report(
         md,
         "## QP scaling (64 B WRITE, 2 outstanding per QP, one lcore per node)\n"
     );
-    let _ = writeln!(md, "| QPs | iterations per QP | M msgs/s | vs 1 QP |");
+    let _ = writeln!(md, "| QPs | iterations (all QPs) | M msgs/s | vs 1 QP |");
     let _ = writeln!(md, "|---:|---:|---:|---:|");
     let one = rate(1).unwrap_or(f64::NAN);
     for (q, r) in scale {
