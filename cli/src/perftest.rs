@@ -651,12 +651,12 @@ mod tests {
     fn several_qps_exchange_as_perftest_does() {
         for (name, test, want) in [
             (
-                "write_bw_q2_oob.pcap",
+                &perftest_capture("write_bw_q2.pcap"),
                 Test::Write,
                 &[0, 1, 0, 1, 0, 0, 0][..],
             ),
             (
-                "send_bw_q2_oob.pcap",
+                &perftest_capture("send_bw_q2.pcap"),
                 Test::Send,
                 &[0, 1, 0, 0, 1, 0, 0][..],
             ),
@@ -670,7 +670,7 @@ mod tests {
             }
         }
         // A peer whose second round names other QPs is refused, not half-connected.
-        let mut input = tcp_streams("write_bw_q2_oob.pcap").1;
+        let mut input = tcp_streams(&perftest_capture("write_bw_q2.pcap")).1;
         let second = 16 + 4 + 4 + 2 + 2 * KEY_MSG;
         input.copy_within(second + KEY_MSG..second + 2 * KEY_MSG, second);
         let mut oob = Oob::new(
