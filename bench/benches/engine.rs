@@ -85,6 +85,7 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         };
         let s = Instant::now();
         a.qp.post_send(wr).unwrap();

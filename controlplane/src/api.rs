@@ -637,6 +637,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         max_recv_sge: b.max_recv_sge.unwrap_or(d.max_recv_sge),
         max_inline_data: b.max_inline_data.unwrap_or(0),
         copy_tx: b.copy_tx,
+        qp_type: Default::default(),
     };
     let cc: CcKind =
         b.cc.as_deref()
@@ -1048,6 +1049,7 @@ fn send_wr(b: &SendBody) -> Result<SendWr, ApiError> {
         solicited: b.solicited,
         fence: b.fence,
         inline: b.inline,
+        ud: None,
     })
 }
 

@@ -23,7 +23,9 @@ fn rdma_help(name: &str) -> &'static str {
         "rx_write_requests" => "RDMA WRITE request packets executed",
         "rx_read_requests" => "RDMA READ requests executed",
         "rx_atomic_requests" => "atomic requests executed",
-        "out_of_buffer" => "SENDs that found no posted receive (RNR NAKs sent)",
+        "out_of_buffer" => {
+            "SENDs that found no posted receive (RC: RNR NAKs sent; UD: datagrams dropped)"
+        }
         "out_of_sequence" => "request packets received out of sequence",
         "duplicate_request" => "duplicate request packets received",
         "packet_seq_err" => "PSN sequence error NAKs received",
@@ -36,6 +38,7 @@ fn rdma_help(name: &str) -> &'static str {
         "np_cnp_sent" => "CNPs sent (notification point)",
         "rp_cnp_received" => "CNPs received (reaction point)",
         "tx_attached_pkts" => "frames sent with their payload attached from the region",
+        "qkey_violations" => "datagrams a UD QP dropped for carrying another Q_Key",
         _ => "RDMA transport counter",
     }
 }

@@ -390,6 +390,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
                     solicited: false,
                     fence: false,
                     inline: false,
+                    ud: None,
                 };
                 if s.qps[0].post_send(wr).is_err() {
                     break;

@@ -130,6 +130,8 @@ pub struct WorkCompletion {
     pub invalidated_rkey: Option<u32>,
     /// The local QP.
     pub qp_num: u32,
+    /// The sending QP, for receives on a UD QP (whose buffers start with the 40-byte GRH).
+    pub src_qp: Option<u32>,
 }
 
 /// A bounded completion queue.
@@ -229,6 +231,7 @@ mod tests {
             imm_data: None,
             invalidated_rkey: None,
             qp_num: 1,
+            src_qp: None,
         }
     }
 

@@ -1,9 +1,11 @@
-//! Queue pair state machine and attributes (ibv_modify_qp for RC QPs).
+//! Queue pair state machine and attributes (ibv_modify_qp for RC and UD QPs).
 //!
 //! RESET -> INIT -> RTR -> RTS is the connection path; SQD (send queue drained) and back; SQE
 //! (send queue error) back to RTS; any state to RESET or ERR. Each transition requires some
 //! attributes and allows others, as the IBTA tables (and rxe's `qp_state_table`) say; anything
-//! else is an error, and a refused modify changes nothing.
+//! else is an error, and a refused modify changes nothing. A UD QP has no remote end: it takes
+//! a Q_Key (and the port's MTU) at INIT, nothing at RTR and its first PSN at RTS; every send
+//! names its destination ([`super::wr::UdDest`]).
 
 use super::mr::Access;
 use crate::wire::Psn;
@@ -51,6 +53,26 @@ impl QpState {
             QpState::Sqd => "SQD",
             QpState::Sqe => "SQE",
             QpState::Err => "ERR",
+        }
+    }
+}
+
+/// The transport service of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QpType {
+    /// Reliable connection.
+    #[default]
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    /// The name verbs tools print ("RC", "UD").
+    pub fn name(self) -> &'static str {
+        match self {
+            QpType::Rc => "RC",
+            QpType::Ud => "UD",
         }
     }
 }
@@ -163,6 +185,8 @@ pub struct QpAttr {
     pub max_dest_rd_atomic: Option<u8>,
     /// Where the remote end is.
     pub path: Option<Path>,
+    /// Q_Key (UD): datagrams carrying another are dropped.
+    pub qkey: Option<u32>,
 }
 
 /// Why a modify was refused.
@@ -193,6 +217,8 @@ pub const MAX_RD_ATOMIC: u8 = 16;
 /// The QP's settled attributes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpConfig {
+    /// RC or UD (fixed at creation).
+    pub qp_type: QpType,
     /// State.
     pub state: QpState,
     /// Remote access allowed.
@@ -221,6 +247,8 @@ pub struct QpConfig {
     pub max_dest_rd_atomic: u8,
     /// Where the remote end is.
     pub path: Option<Path>,
+    /// Q_Key (UD).
+    pub qkey: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -231,8 +259,40 @@ struct Rule {
 
 const NONE: &[&str] = &[];
 
-fn rule(from: QpState, to: QpState) -> Option<Rule> {
+/// A UD QP's transitions (IBTA table 91's UD column): no path, PSN checks or retries.
+fn ud_rule(from: QpState, to: QpState) -> Option<Rule> {
     use QpState::*;
+    const QKEY: &[&str] = &["qkey"];
+    Some(match (from, to) {
+        (_, Reset) | (_, Err) => Rule {
+            required: NONE,
+            optional: NONE,
+        },
+        (Reset, Init) => Rule {
+            required: &["pkey_index", "qkey"],
+            optional: &["path_mtu"],
+        },
+        (Init, Init) | (Init, Rtr) => Rule {
+            required: NONE,
+            optional: &["pkey_index", "qkey"],
+        },
+        (Rtr, Rts) => Rule {
+            required: &["sq_psn"],
+            optional: QKEY,
+        },
+        (Rts, Rts) | (Rts, Sqd) | (Sqd, Sqd) | (Sqd, Rts) | (Sqe, Rts) => Rule {
+            required: NONE,
+            optional: QKEY,
+        },
+        _ => return None,
+    })
+}
+
+fn rule(ty: QpType, from: QpState, to: QpState) -> Option<Rule> {
+    use QpState::*;
+    if ty == QpType::Ud {
+        return ud_rule(from, to);
+    }
     Some(match (from, to) {
         (_, Reset) | (_, Err) => Rule {
             required: NONE,
@@ -311,6 +371,7 @@ fn given(a: &QpAttr) -> impl Iterator<Item = &'static str> + '_ {
         ("max_rd_atomic", a.max_rd_atomic.is_some()),
         ("max_dest_rd_atomic", a.max_dest_rd_atomic.is_some()),
         ("path", a.path.is_some()),
+        ("qkey", a.qkey.is_some()),
     ]
     .into_iter()
     .filter_map(|(n, g)| g.then_some(n))
@@ -322,7 +383,7 @@ impl QpConfig {
     pub fn modify(&mut self, a: &QpAttr) -> Result<(), ModifyError> {
         let from = self.state;
         let to = a.state.unwrap_or(from);
-        let r = rule(from, to).ok_or(ModifyError::BadTransition { from, to })?;
+        let r = rule(self.qp_type, from, to).ok_or(ModifyError::BadTransition { from, to })?;
         for req in r.required {
             if !given(a).any(|g| g == *req) {
                 return Err(ModifyError::Missing(req));
@@ -382,7 +443,10 @@ impl QpConfig {
         }
         // Everything checked: apply.
         if to == QpState::Reset {
-            *self = QpConfig::default();
+            *self = QpConfig {
+                qp_type: self.qp_type,
+                ..QpConfig::default()
+            };
             return Ok(());
         }
         self.state = to;
@@ -424,6 +488,9 @@ impl QpConfig {
         }
         if let Some(v) = a.path {
             self.path = Some(v);
+        }
+        if let Some(v) = a.qkey {
+            self.qkey = v;
         }
         Ok(())
     }
@@ -561,5 +628,66 @@ mod tests {
         assert_eq!(q.modify(&a), Err(ModifyError::Invalid("retry_cnt")));
         assert_eq!(Mtu::from_bytes(1500), None);
         assert_eq!(Mtu::from_bytes(4096), Some(Mtu::M4096));
+    }
+
+    #[test]
+    fn ud_qps_take_a_qkey_and_no_path() {
+        let mut q = QpConfig {
+            qp_type: QpType::Ud,
+            ..Default::default()
+        };
+        // RC's attributes are refused, and a UD INIT needs its Q_Key.
+        let mut a = to_init();
+        a.qkey = Some(1);
+        assert_eq!(q.modify(&a), Err(ModifyError::NotAllowed("access")));
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            path_mtu: Some(Mtu::M4096),
+            ..Default::default()
+        };
+        assert_eq!(q.modify(&init), Err(ModifyError::Missing("qkey")));
+        q.modify(&QpAttr {
+            qkey: Some(0x1111_1111),
+            ..init
+        })
+        .unwrap();
+        let rtr_with_path = QpAttr {
+            state: Some(QpState::Rtr),
+            path: Some(path()),
+            ..Default::default()
+        };
+        assert_eq!(
+            q.modify(&rtr_with_path),
+            Err(ModifyError::NotAllowed("path"))
+        );
+        q.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(q.modify(&to_rts()), Err(ModifyError::NotAllowed("timeout")));
+        q.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(7),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (q.state, q.qkey, q.sq_psn, q.path_mtu),
+            (QpState::Rts, 0x1111_1111, Psn::new(7), Some(Mtu::M4096))
+        );
+        // An RC QP takes no Q_Key; a reset keeps the type.
+        let mut rc = QpConfig::default();
+        let mut a = to_init();
+        a.qkey = Some(1);
+        assert_eq!(rc.modify(&a), Err(ModifyError::NotAllowed("qkey")));
+        q.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(q.qp_type, QpType::Ud);
+        assert_eq!(q.qkey, 0);
     }
 }

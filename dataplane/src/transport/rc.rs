@@ -18,7 +18,7 @@
 
 use super::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
-use super::qp::{QpConfig, QpState};
+use super::qp::{Path, QpConfig, QpState, QpType};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
     ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, WrError, ext_headers,
@@ -33,7 +33,7 @@ use crate::wire::opcode::{mask, op};
 use crate::wire::packet::{
     Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, build_attached, parse,
 };
-use crate::wire::{Psn, atomic_ack_eth, bth, cnp, eth, ipv6, udp};
+use crate::wire::{Psn, atomic_ack_eth, bth, cnp, deth, eth, ipv6, udp};
 use arrayvec::ArrayVec;
 use std::collections::VecDeque;
 
@@ -64,6 +64,10 @@ struct SendWqe {
     posted_at: Instant,
 }
 
+/// Bytes at the start of every UD receive buffer that hold the datagram's GRH (verbs'
+/// `struct ibv_grh`; on RoCEv2 the IPv6 header, or the IPv4 header in the last 20 bytes).
+pub const UD_GRH_LEN: usize = 40;
+
 /// Completion latencies a QP holds until its host takes them ([`RcQp::take_latencies`]).
 const LATENCY_LOG: usize = 256;
 
@@ -83,6 +87,8 @@ pub struct QpCaps {
     /// Copy payloads into frames even where they could go attached from their region (see
     /// [`ATTACH_MIN`]): for comparisons and for ports that mishandle chained frames.
     pub copy_tx: bool,
+    /// RC or UD.
+    pub qp_type: QpType,
 }
 
 impl Default for QpCaps {
@@ -94,6 +100,7 @@ impl Default for QpCaps {
             max_recv_sge: MAX_SGE as u32,
             max_inline_data: 0,
             copy_tx: false,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -209,6 +216,8 @@ pub struct QpCounters {
     /// Frames sent with their payload attached from the region instead of copied (ferroce's
     /// own; see [`ATTACH_MIN`]).
     pub tx_attached_pkts: u64,
+    /// Datagrams a UD QP dropped for a Q_Key other than its own (IBA's Q_Key violations).
+    pub qkey_violations: u64,
 }
 
 impl QpCounters {
@@ -233,6 +242,7 @@ impl QpCounters {
             np_cnp_sent,
             rp_cnp_received,
             tx_attached_pkts,
+            qkey_violations,
         } = *o;
         self.sent_pkts += sent_pkts;
         self.rcvd_pkts += rcvd_pkts;
@@ -252,10 +262,11 @@ impl QpCounters {
         self.np_cnp_sent += np_cnp_sent;
         self.rp_cnp_received += rp_cnp_received;
         self.tx_attached_pkts += tx_attached_pkts;
+        self.qkey_violations += qkey_violations;
     }
 
     /// (name, value) pairs, in the order above.
-    pub fn named(&self) -> [(&'static str, u64); 18] {
+    pub fn named(&self) -> [(&'static str, u64); 19] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -281,6 +292,7 @@ impl QpCounters {
             ("np_cnp_sent", self.np_cnp_sent),
             ("rp_cnp_received", self.rp_cnp_received),
             ("tx_attached_pkts", self.tx_attached_pkts),
+            ("qkey_violations", self.qkey_violations),
         ]
     }
 }
@@ -453,7 +465,10 @@ impl RcQp {
         Ok(RcQp {
             qpn,
             pd,
-            cfg: QpConfig::default(),
+            cfg: QpConfig {
+                qp_type: caps.qp_type,
+                ..QpConfig::default()
+            },
             caps,
             inline_buf: vec![0; caps.max_send_wr as usize * caps.max_inline_data as usize],
             posted: 0,
@@ -635,8 +650,20 @@ impl RcQp {
         if wr.sg.len() > self.caps.max_send_sge as usize {
             return Err(WrError::TooManySge.into());
         }
+        let ud = self.cfg.qp_type == QpType::Ud;
+        if ud != wr.ud.is_some() {
+            return Err(WrError::UdDest.into());
+        }
         let mtu = self.cfg.path_mtu.ok_or(PostError::BadState)?;
         let len = inline.map_or_else(|| wr.length(), |d| d.len() as u64);
+        if ud {
+            if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) {
+                return Err(WrError::UdOp.into());
+            }
+            if len > mtu.bytes() as u64 {
+                return Err(WrError::UdTooLong.into());
+            }
+        }
         let p = plan(wr.op, len, mtu, self.next_psn)?;
         let inline_at = inline.map(|d| {
             let slot = (self.posted % self.caps.max_send_wr as u64) as usize;
@@ -679,7 +706,11 @@ impl RcQp {
     }
 
     fn repr(&self, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
-        let mut p = self.cfg.path?;
+        self.repr_on(self.cfg.path?, bth, ext)
+    }
+
+    /// The headers of a frame to `p` (a UD send names its own path).
+    fn repr_on(&self, mut p: Path, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
         if bth.opcode == op::CNP {
             // CNPs go in their own class: cnp_dscp, not ECN-capable, cnp_802p_prio.
             p.dscp = self.cc_params.cnp_dscp;
@@ -740,7 +771,20 @@ impl RcQp {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
-        let r = self.repr(bth, ext)?;
+        self.emit_on(self.cfg.path?, out, bth, ext, payload_len, fill)
+    }
+
+    /// [`RcQp::emit`] to `path`.
+    fn emit_on<B: PacketBuf>(
+        &self,
+        path: Path,
+        out: &mut B,
+        bth: bth::Repr,
+        ext: ExtRepr,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
+    ) -> Option<Result<(), MrError>> {
+        let r = self.repr_on(path, bth, ext)?;
         if !out.reset() {
             return None;
         }
@@ -829,6 +873,9 @@ impl RcQp {
         out: &mut B,
     ) -> bool {
         self.now = self.now.max(now);
+        if self.cfg.qp_type == QpType::Ud {
+            return self.next_datagram(mrs, cq, out);
+        }
         if self.cfg.path.is_none() {
             return false;
         }
@@ -938,6 +985,138 @@ impl RcQp {
             self.send_pkt += 1;
         }
         true
+    }
+
+    /// A UD QP's next datagram: the oldest send, as one UD SEND (with immediate) to the
+    /// destination it names, with a DETH carrying its Q_Key and our QPN, no AckReq. Nothing
+    /// acknowledges it, so it completes once it is on its way (as on rxe).
+    fn next_datagram<B: PacketBuf>(
+        &mut self,
+        mrs: &MrTable,
+        cq: &mut CompletionQueue,
+        out: &mut B,
+    ) -> bool {
+        if self.cfg.state != QpState::Rts {
+            return false;
+        }
+        let Some(w) = self.sq.front() else {
+            return false;
+        };
+        let Some(d) = w.wr.ud else {
+            return false; // post() refuses these
+        };
+        let imm = match w.wr.op {
+            SendOp::SendWithImm(i) => Some(i),
+            _ => None,
+        };
+        let b = bth::Repr {
+            opcode: if imm.is_some() {
+                op::UD_SEND_ONLY_IMM
+            } else {
+                op::UD_SEND_ONLY
+            },
+            se: w.wr.solicited,
+            pkey: bth::DEFAULT_PKEY,
+            dest_qp: d.dest_qp,
+            ack_req: false,
+            psn: w.first_psn,
+            ..Default::default()
+        };
+        let ext = ExtRepr {
+            deth: Some(deth::Repr {
+                qkey: d.qkey,
+                resv8: 0,
+                src_qp: self.qpn,
+            }),
+            immdt: imm,
+            ..Default::default()
+        };
+        let inline = w
+            .inline_at
+            .map(|at| &self.inline_buf[at..at + w.len as usize]);
+        let sg = &w.wr.sg;
+        let built = self.emit_on(d.path, out, b, ext, w.len as usize, |dst| match inline {
+            Some(x) => {
+                dst.copy_from_slice(x);
+                Ok(())
+            }
+            None => gather(mrs, sg, 0, dst),
+        });
+        match built {
+            Some(Ok(())) => {
+                self.complete_upto(1, cq);
+                true
+            }
+            Some(Err(_)) => {
+                self.fail_front(0, WcStatus::LocProtErr, cq);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A datagram for this UD QP: dropped unless the QP receives, it is a UD SEND and its
+    /// Q_Key is ours (counted as a Q_Key violation) and a receive is posted (counted as
+    /// out_of_buffer: UD has no RNR). The receive gets the 40-byte GRH area first (for IPv4,
+    /// the IP header in its last 20 bytes, as rxe writes it), then the payload; its completion
+    /// carries the sender's QPN and GRH + payload bytes. A receive too small for both completes
+    /// with LOC_LEN_ERR and the QP goes to ERR.
+    fn receive_datagram(
+        &mut self,
+        info: &PacketInfo,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        recv_cq: &mut CompletionQueue,
+    ) {
+        if !matches!(
+            self.cfg.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) || !info.op.has(mask::UD)
+        {
+            return;
+        }
+        let Some(d) = info.deth(frame) else {
+            return;
+        };
+        if d.qkey != self.cfg.qkey {
+            self.counters.qkey_violations += 1;
+            return;
+        }
+        let Some(wr) = self.rq.pop_front() else {
+            self.counters.out_of_buffer += 1;
+            return;
+        };
+        let payload = info.payload(frame);
+        let mut grh = [0u8; UD_GRH_LEN];
+        let ip = &frame[info.l3_off as usize..];
+        if info.src_ip.is_ipv4() {
+            grh[20..].copy_from_slice(&ip[..20]);
+        } else {
+            grh.copy_from_slice(&ip[..UD_GRH_LEN]);
+        }
+        let placed = scatter(mrs, &wr.sg, 0, &grh)
+            .and_then(|()| scatter(mrs, &wr.sg, UD_GRH_LEN as u64, payload));
+        if placed.is_err() {
+            let _ = recv_cq.push(wc(
+                wr.wr_id,
+                WcStatus::LocLenErr,
+                WcOpcode::Recv,
+                0,
+                self.qpn,
+            ));
+            self.cfg.state = QpState::Err;
+            return;
+        }
+        let mut c = wc(
+            wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            (UD_GRH_LEN + payload.len()) as u32,
+            self.qpn,
+        );
+        c.imm_data = info.immdt(frame);
+        c.src_qp = Some(d.src_qp);
+        let _ = recv_cq.push(c);
     }
 
     fn send_response<B: PacketBuf>(&mut self, r: Response, mrs: &MrTable, out: &mut B) -> bool {
@@ -1061,6 +1240,10 @@ impl RcQp {
             return;
         }
         self.counters.rcvd_pkts += 1;
+        if self.cfg.qp_type == QpType::Ud {
+            self.receive_datagram(&info, frame, mrs, recv_cq);
+            return;
+        }
         if info.opcode == op::CNP {
             self.counters.rp_cnp_received += 1;
             self.cc.on_cnp(self.now, &self.cc_params);
@@ -1695,6 +1878,7 @@ fn wc(
         imm_data: None,
         invalidated_rkey: None,
         qp_num,
+        src_qp: None,
     }
 }
 

@@ -442,6 +442,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                 solicited: false,
                 fence,
                 inline: false,
+                ud: None,
             };
             if std::env::var_os("SOAK_TRACE").is_some() {
                 eprintln!("post side {me} qp {q} wr {id} {op:?} len {size}");

@@ -136,6 +136,20 @@ pub struct SendWr {
     /// Send the SG list's bytes inline (IBV_SEND_INLINE): they are copied when the request
     /// is posted, so its regions are free again at once (see [`take_inline`]).
     pub inline: bool,
+    /// Where a UD QP's message goes (None on RC QPs, which have their peer).
+    pub ud: Option<UdDest>,
+}
+
+/// The destination of a UD send: verbs' address handle (resolved to a path), the remote QPN
+/// and the Q_Key the datagram carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdDest {
+    /// Where the remote end is.
+    pub path: super::qp::Path,
+    /// The remote QP.
+    pub dest_qp: u32,
+    /// The Q_Key (must match the remote QP's).
+    pub qkey: u32,
 }
 
 impl SendWr {
@@ -149,6 +163,7 @@ impl SendWr {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         }
     }
 
@@ -185,6 +200,17 @@ pub enum WrError {
     /// An inline request's SG list names memory that no local key covers.
     #[error("an inline request's SG list is outside its regions (or a key is wrong)")]
     BadInlineSge,
+    /// A UD QP's send names no destination, or an RC QP's names one.
+    #[error(
+        "a UD QP's send needs its destination (address, remote QPN, Q_Key); an RC QP's takes none"
+    )]
+    UdDest,
+    /// UD carries SEND and SEND with immediate only.
+    #[error("a UD QP sends only SEND and SEND with immediate")]
+    UdOp,
+    /// A UD message is one packet.
+    #[error("a UD message must fit one packet (at most the port's MTU)")]
+    UdTooLong,
 }
 
 /// One packet of a message.

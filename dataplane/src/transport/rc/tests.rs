@@ -189,6 +189,7 @@ fn fetch_add(a: &Node, b: &Node, id: u64, target: u64, add: u64, dst: u64) -> Se
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     }
 }
 
@@ -218,6 +219,7 @@ fn write_of_every_size_lands_byte_for_byte() {
                 solicited: false,
                 fence: false,
                 inline: false,
+                ud: None,
             };
             a.qp.post_send(wr).unwrap();
             pump(&mut a, &mut b);
@@ -262,6 +264,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         })
         .unwrap();
     }
@@ -307,6 +310,7 @@ fn read_and_atomics_return_remote_data() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
@@ -327,6 +331,7 @@ fn read_and_atomics_return_remote_data() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     pump(&mut a, &mut b);
@@ -370,6 +375,7 @@ fn rkey_violation_naks_errors_and_flushes() {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         })
         .unwrap();
     }
@@ -412,6 +418,7 @@ fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     }
 }
 
@@ -426,6 +433,7 @@ fn rnr_is_retried_until_a_receive_is_posted() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     let mut rnr = 0;
@@ -474,6 +482,7 @@ fn rnr_retries_run_out() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     a.qp.post_send(write_wr(&a, &b, 10, 64)).unwrap();
@@ -616,6 +625,7 @@ fn duplicate_read_is_re_executed() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     let mut first = 0;
@@ -648,6 +658,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     })
     .unwrap();
     let mut requests = Vec::new();
@@ -754,6 +765,7 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
                 solicited: false,
                 fence: false,
                 inline: false,
+                ud: None,
             };
             a.qp.post_send_inline(wr(SendOp::Send), &data[..len])
                 .unwrap();
@@ -853,6 +865,7 @@ fn caps_are_checked_at_create_and_post() {
         solicited: false,
         fence: false,
         inline: false,
+        ud: None,
     };
     let write = SendOp::Write {
         remote_addr: BASE,
@@ -913,6 +926,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         })
         .unwrap();
         a.qp.post_send(SendWr {
@@ -926,6 +940,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             solicited: false,
             fence,
             inline: false,
+            ud: None,
         })
         .unwrap();
         // The order frames leave in: 'R' READ request, 'r' its last response, 'W' the WRITE.
@@ -973,6 +988,7 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
             solicited: false,
             fence: false,
             inline: false,
+            ud: None,
         })
         .unwrap();
         let mut f = Vec::new();
@@ -1290,4 +1306,203 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
             .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut h)
     );
     assert_eq!(parse(h.data(), Checks::ALL).unwrap().payload_len, 4096);
+}
+
+const QKEY: u32 = 0x1111_1111;
+
+/// A UD QP in RTS (Q_Key [`QKEY`], MTU 1024) with the same region as [`node`].
+fn ud_node(qpn: u32, me: u8) -> Node {
+    let mut mrs = MrTable::new();
+    let pd = mrs.alloc_pd();
+    let key = mrs
+        .register(pd, BASE, Box::new(vec![0u8; LEN]), Access::LOCAL_WRITE)
+        .unwrap();
+    let mut qp = RcQp::new(
+        qpn,
+        pd,
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_inline_data: 64,
+            qp_type: QpType::Ud,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    use crate::transport::qp::QpAttr;
+    for a in [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            qkey: Some(QKEY),
+            path_mtu: Some(Mtu::M1024),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0x100 * me as u32),
+            ..Default::default()
+        },
+    ] {
+        qp.modify(&a).unwrap();
+    }
+    Node {
+        qp,
+        mrs,
+        scq: CompletionQueue::new(64),
+        rcq: CompletionQueue::new(64),
+        key,
+    }
+}
+
+fn ud_send(from: &Node, id: u64, at: u64, len: u32, dest_qp: u32, qkey: u32) -> SendWr {
+    SendWr {
+        ud: Some(crate::transport::wr::UdDest {
+            path: Path::sim(1, 2, 0xd078),
+            dest_qp,
+            qkey,
+        }),
+        ..SendWr::new(id, SendOp::Send, sg(from.key, at, len))
+    }
+}
+
+#[test]
+fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
+    let (mut a, mut b) = (ud_node(0x13, 1), ud_node(0x24, 2));
+    for (i, w) in [0x10_0000u64, 0x10_1000].iter().enumerate() {
+        b.qp.post_recv(RecvWr {
+            wr_id: 50 + i as u64,
+            sg: sg(b.key, *w, 40 + 600),
+        })
+        .unwrap();
+    }
+    a.mrs
+        .get_mut(a.key)
+        .unwrap()
+        .write(BASE + 0x8000, &[0xab; 600])
+        .unwrap();
+    a.qp.post_send(ud_send(&a, 7, BASE + 0x8000, 600, 0x24, QKEY))
+        .unwrap();
+    let mut frames = Vec::new();
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, f| {
+        frames.push(f.to_vec());
+        false
+    });
+    // One frame each way would be RC; UD sends one datagram and nothing answers it.
+    assert_eq!(frames.len(), 1);
+    let info = parse(&frames[0], Checks::ALL).unwrap();
+    assert_eq!(info.opcode, op::UD_SEND_ONLY);
+    assert!(!info.ack_req);
+    assert_eq!((info.dest_qp, info.psn), (0x24, Psn::new(0x100)));
+    let d = info.deth(&frames[0]).unwrap();
+    assert_eq!((d.qkey, d.src_qp), (QKEY, 0x13));
+    let sent = polled(&mut a.scq);
+    assert_eq!(
+        (sent.len(), sent[0].wr_id, sent[0].status, sent[0].byte_len),
+        (1, 7, WcStatus::Success, 600)
+    );
+    let got = polled(&mut b.rcq);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].wr_id, got[0].status, got[0].byte_len, got[0].src_qp),
+        (50, WcStatus::Success, 640, Some(0x13))
+    );
+    // The GRH area: zeros, then the IPv4 header as it arrived; then the payload.
+    let grh = bytes(&b, BASE, 40);
+    assert_eq!(&grh[..20], &[0u8; 20][..]);
+    assert_eq!(&grh[20..], &frames[0][14..34]);
+    assert_eq!(bytes(&b, BASE + 40, 600), vec![0xab; 600]);
+    // The next datagram takes the next PSN and, with immediate data, reports it.
+    a.qp.post_send(SendWr {
+        op: SendOp::SendWithImm(0xfeed),
+        ..ud_send(&a, 8, BASE + 0x8000, 10, 0x24, QKEY)
+    })
+    .unwrap();
+    frames.clear();
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, f| {
+        frames.push(f.to_vec());
+        false
+    });
+    let info = parse(&frames[0], Checks::ALL).unwrap();
+    assert_eq!(
+        (info.opcode, info.psn),
+        (op::UD_SEND_ONLY_IMM, Psn::new(0x101))
+    );
+    let got = polled(&mut b.rcq);
+    assert_eq!(
+        (got[0].wr_id, got[0].imm_data, got[0].byte_len),
+        (51, Some(0xfeed), 50)
+    );
+}
+
+#[test]
+fn ud_drops_wrong_qkeys_and_datagrams_without_a_receive() {
+    let (mut a, mut b) = (ud_node(0x13, 1), ud_node(0x24, 2));
+    // No receive posted: dropped, counted as out_of_buffer, no RNR NAK, nothing resent.
+    a.qp.post_send(ud_send(&a, 1, BASE, 8, 0x24, QKEY)).unwrap();
+    let mut n = 0;
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| {
+        n += 1;
+        false
+    });
+    assert_eq!(n, 1);
+    assert_eq!(b.qp.counters.out_of_buffer, 1);
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    // A receive is there, but the Q_Key is wrong: dropped, and the receive stays.
+    b.qp.post_recv(RecvWr {
+        wr_id: 9,
+        sg: sg(b.key, BASE, 100),
+    })
+    .unwrap();
+    a.qp.post_send(ud_send(&a, 2, BASE, 8, 0x24, 0x2222))
+        .unwrap();
+    pump(&mut a, &mut b);
+    assert_eq!(b.qp.counters.qkey_violations, 1);
+    assert!(polled(&mut b.rcq).is_empty());
+    // A buffer too small for GRH + payload: LOC_LEN_ERR, and the QP stops.
+    a.qp.post_send(ud_send(&a, 3, BASE, 80, 0x24, QKEY))
+        .unwrap();
+    pump(&mut a, &mut b);
+    let got = polled(&mut b.rcq);
+    assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::LocLenErr));
+    assert_eq!(b.qp.cfg.state, QpState::Err);
+}
+
+#[test]
+fn ud_posts_are_checked() {
+    let a = ud_node(0x13, 1);
+    let mut q = a.qp;
+    let e = |r: Result<(), PostError>| r.unwrap_err().to_string();
+    let to_b = |wr: SendWr| SendWr {
+        ud: Some(crate::transport::wr::UdDest {
+            path: Path::sim(1, 2, 0xd078),
+            dest_qp: 0x24,
+            qkey: QKEY,
+        }),
+        ..wr
+    };
+    let send = SendWr::new(1, SendOp::Send, sg(a.key, BASE, 8));
+    assert!(e(q.post_send(send.clone())).contains("destination"));
+    let write = SendWr {
+        op: SendOp::Write {
+            remote_addr: BASE,
+            rkey: 1,
+        },
+        ..to_b(send.clone())
+    };
+    assert!(e(q.post_send(write)).contains("only SEND"));
+    let long = SendWr {
+        sg: sg(a.key, BASE, 1025),
+        ..to_b(send.clone())
+    };
+    assert!(e(q.post_send(long)).contains("one packet"));
+    assert_eq!(q.outstanding(), 0, "refused posts leave nothing behind");
+    q.post_send(to_b(send.clone())).unwrap();
+    // An RC QP takes no destination.
+    let (mut rc, _) = pair(Mtu::M1024, 0, 0);
+    assert!(e(rc.qp.post_send(to_b(send))).contains("destination"));
 }
