@@ -433,15 +433,32 @@ impl<'a> Resources<'a> {
         rx_depth: u64,
         max_inline_data: u32,
     ) -> Result<(Self, Buf, u32), Fail> {
+        Self::with_qp(
+            c,
+            size,
+            json!({"max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1),
+                    "max_inline_data": max_inline_data}),
+        )
+    }
+
+    /// [`Resources::create`] with a UD QP.
+    pub(crate) fn create_ud(
+        c: &'a Client,
+        size: u64,
+        tx_depth: u32,
+        rx_depth: u64,
+    ) -> Result<(Self, Buf, u32), Fail> {
+        Self::with_qp(
+            c,
+            size,
+            json!({"type": "UD", "max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1)}),
+        )
+    }
+
+    /// The buffer and a QP created with `qp` (a `POST /v1/qps` body).
+    fn with_qp(c: &'a Client, size: u64, qp: Value) -> Result<(Self, Buf, u32), Fail> {
         let (mut made, buf) = Self::buffer(c, size)?;
-        let qp = c.call(
-            "POST",
-            "/v1/qps",
-            Some(
-                json!({"max_send_wr": tx_depth, "max_recv_wr": rx_depth.max(1),
-                        "max_inline_data": max_inline_data}),
-            ),
-        )?;
+        let qp = c.call("POST", "/v1/qps", Some(qp))?;
         let qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
         made.qp = Some(qpn);
         Ok((made, buf, qpn))

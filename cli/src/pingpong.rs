@@ -1,5 +1,6 @@
 //! `rocectl pingpong`: ibv_rc_pingpong's test on a ferroce node, with its connection exchange,
-//! so that the peer can be an unmodified `ibv_rc_pingpong` (or another `rocectl pingpong`).
+//! so that the peer can be an unmodified `ibv_rc_pingpong` (or another `rocectl pingpong`);
+//! with `--ud`, ibv_ud_pingpong's (UD QPs, Q_Key 0x11111111, the same exchange).
 //!
 //! The exchange (rdma-core's `libibverbs/examples/rc_pingpong.c`, TCP 18515): the client
 //! writes `"%04x:%06x:%06x:%s"` (LID, QPN, PSN, the GID as 32 hex digits) and a NUL, 52 bytes;
@@ -8,7 +9,7 @@
 //! arrived, `-n` times: the SEND ping-pong of `rocectl perf send lat`, run by the QP's lcore.
 
 use crate::ctl::{Client, Fail};
-use crate::perf::{Buf, Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
+use crate::perf::{Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
 use crate::perftest::{Dest, OobError, Role};
 use clap::Args;
 use serde_json::{Value, json};
@@ -51,7 +52,16 @@ pub struct PingpongArgs {
     /// Seconds to wait for the peer's connection exchange.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// ibv_ud_pingpong's test: UD QPs, messages of at most the port's MTU (--mtu does not
+    /// apply), each received after the 40-byte GRH.
+    #[arg(long)]
+    pub ud: bool,
 }
+
+/// ibv_ud_pingpong's Q_Key.
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// The GRH area at the start of every UD receive buffer.
+const GRH: u64 = 40;
 
 /// One side's address message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,7 +167,6 @@ pub(crate) fn pingpong(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, Fail> {
-    let io = |e: std::io::Error| Fail(2, e.to_string());
     if crate::perftest::mtu_enum(a.mtu).is_none() {
         return Err(Fail(2, "--mtu is 256, 512, 1024, 2048 or 4096".into()));
     }
@@ -169,6 +178,9 @@ pub(crate) fn pingpong(
     }
     let gid = local_gid(c, a.port, a.gid_index)?;
     let rx_depth = a.rx_depth.min(a.iters);
+    if a.ud {
+        return ud_pingpong(c, a, gid, rx_depth, json, out);
+    }
     let (_made, buf, qpn) = Resources::create(c, a.size, 16, rx_depth, 0)?;
     let mine = Addr {
         lid: 0,
@@ -191,19 +203,88 @@ pub(crate) fn pingpong(
         connect_qp(c, qpn, &d, mine.psn, a.mtu, 1)?;
         post_receives(c, qpn, &buf, rx_depth)
     })?;
-    let (posted, elapsed_ns) = run(c, a, qpn, &buf, role, rx_depth)?;
+    let wr = json!({"wr_id": 1, "opcode": "send", "sge": buf.sge(buf.addr)});
+    let recv = buf.sge(buf.addr + buf.half);
+    let (posted, elapsed_ns) = run(c, a, qpn, wr, recv, role, rx_depth)?;
+    report(a, role, &mine, &remote, posted, elapsed_ns, json, out)
+}
+
+/// ibv_ud_pingpong: a UD QP taken to RTS (Q_Key [`UD_QKEY`]) with its receives posted before
+/// the exchange, which is rc_pingpong's; each message goes to the peer's QPN and GID.
+fn ud_pingpong(
+    c: &Client,
+    a: &PingpongArgs,
+    gid: Ipv6Addr,
+    rx_depth: u64,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let (_made, buf, qpn) = Resources::create_ud(c, a.size + GRH, 16, rx_depth)?;
+    let psn = random_psn();
+    let modify = |body: Value| c.call("POST", &format!("/v1/qps/{qpn}/modify"), Some(body));
+    let q = modify(json!({"state": "INIT", "qkey": UD_QKEY, "port": a.port}))?;
+    let mtu = q["path-mtu"].as_u64().unwrap_or(0);
+    if a.size > mtu {
+        return Err(Fail(
+            2,
+            format!(
+                "--size {} is more than a UD message may carry on port {} ({mtu} bytes, the MTU)",
+                a.size, a.port
+            ),
+        ));
+    }
+    modify(json!({"state": "RTR"}))?;
+    modify(json!({"state": "RTS", "local_psn": psn}))?;
+    let recv = json!([{"addr": buf.addr + buf.half, "length": a.size + GRH, "lkey": buf.lkey}]);
+    for i in 0..rx_depth {
+        c.call(
+            "POST",
+            &format!("/v1/qps/{qpn}/recv"),
+            Some(json!({"wr_id": 1_000_000 + i, "sge": recv})),
+        )?;
+    }
+    let mine = Addr {
+        lid: 0,
+        qpn,
+        psn,
+        gid,
+    };
+    let (mut stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
+    let remote = exchange(&mut stream, role, &mine, |_: &Addr| Ok::<(), Fail>(()))?;
+    let rgid = IpAddr::V6(remote.gid).to_canonical();
+    let wr = json!({"wr_id": 1, "opcode": "send",
+        "sge": [{"addr": buf.addr, "length": a.size, "lkey": buf.lkey}],
+        "ud": {"remote_gid": rgid.to_string(), "remote_qpn": remote.qpn, "remote_qkey": UD_QKEY}});
+    let (posted, elapsed_ns) = run(c, a, qpn, wr, recv, role, rx_depth)?;
+    report(a, role, &mine, &remote, posted, elapsed_ns, json, out)
+}
+
+/// Prints rc_pingpong's (and ud_pingpong's) lines, or JSON.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    a: &PingpongArgs,
+    role: Role,
+    mine: &Addr,
+    remote: &Addr,
+    posted: usize,
+    elapsed_ns: u64,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let io = |e: std::io::Error| Fail(2, e.to_string());
     let secs = elapsed_ns as f64 / 1e9;
     let usec = elapsed_ns as f64 / 1e3;
     let bytes = a.size * a.iters * 2;
     if json {
         let v = json!({"role": match role { Role::Client => "client", Role::Server => "server" },
-            "local": addr_json(&mine), "remote": addr_json(&remote), "bytes": bytes,
+            "type": if a.ud { "UD" } else { "RC" },
+            "local": addr_json(mine), "remote": addr_json(remote), "bytes": bytes,
             "iterations": a.iters, "seconds": secs, "mbit_s": bytes as f64 * 8.0 / usec,
             "usec_per_iter": usec / a.iters as f64, "posted": posted});
         writeln!(out, "{v}").map_err(io)?;
         return Ok(0);
     }
-    for (what, x) in [("local address: ", &mine), ("remote address:", &remote)] {
+    for (what, x) in [("local address: ", mine), ("remote address:", remote)] {
         writeln!(
             out,
             "  {what} LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
@@ -234,18 +315,19 @@ fn addr_json(a: &Addr) -> Value {
     json!({"lid": a.lid, "qpn": a.qpn, "psn": a.psn, "gid": a.gid.to_string()})
 }
 
-/// The SEND ping-pong on the QP's lcore: iterations posted, and its duration in ns.
+/// The SEND ping-pong on the QP's lcore (`wr` each turn, receives of `recv` kept posted):
+/// iterations posted, and its duration in ns.
 fn run(
     c: &Client,
     a: &PingpongArgs,
     qpn: u32,
-    b: &Buf,
+    wr: Value,
+    recv: Value,
     role: Role,
     rx_depth: u64,
 ) -> Result<(usize, u64), Fail> {
     let body = json!({"test": "send", "iters": a.iters, "server": role == Role::Server,
-        "wr": {"wr_id": 1, "opcode": "send", "sge": b.sge(b.addr)},
-        "recv": b.sge(b.addr + b.half), "rx_depth": rx_depth, "timeout_ms": 600_000});
+        "wr": wr, "recv": recv, "rx_depth": rx_depth, "timeout_ms": 600_000});
     let r = c.call("POST", &format!("/v1/qps/{qpn}/latency"), Some(body))?;
     let posted = r["posted_ns"].as_array().map_or(0, Vec::len);
     let errors = r["errors"].as_u64().unwrap_or(0);

@@ -23,9 +23,9 @@ use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairme
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
 use dataplane::transport::host::LatKind;
-use dataplane::transport::qp::{Mtu, QpState};
+use dataplane::transport::qp::{Mtu, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
-use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge};
+use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge, UdDest};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -585,6 +585,20 @@ struct QpBody {
     /// Copy payloads into frames instead of attaching them (comparison, debugging).
     #[serde(default)]
     copy_tx: bool,
+    /// "RC" (the default) or "UD".
+    #[serde(default, rename = "type")]
+    qp_type: Option<String>,
+}
+
+fn qp_type_of(name: Option<&str>) -> Result<QpType, ApiError> {
+    match name {
+        None | Some("RC") => Ok(QpType::Rc),
+        Some("UD") => Ok(QpType::Ud),
+        Some(x) => Err(ApiError::bad(
+            "bad_type",
+            format!("type {x:?}: use RC or UD"),
+        )),
+    }
 }
 
 /// A DCQCN parameter set: a named profile with some knobs changed; the error names a bad knob.
@@ -637,7 +651,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         max_recv_sge: b.max_recv_sge.unwrap_or(d.max_recv_sge),
         max_inline_data: b.max_inline_data.unwrap_or(0),
         copy_tx: b.copy_tx,
-        qp_type: Default::default(),
+        qp_type: qp_type_of(b.qp_type.as_deref())?,
     };
     let cc: CcKind =
         b.cc.as_deref()
@@ -653,7 +667,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         cqs: [b.send_cq, b.recv_cq],
     };
     let (qpn, lcore) = blocking(move || s.rdma.create_qp(b.lcore, caps, place, cc, params)).await?;
-    created(json!({"qpn": qpn, "lcore": lcore, "type": "RC", "state": "RESET"}))
+    created(json!({"qpn": qpn, "lcore": lcore, "type": caps.qp_type.name(), "state": "RESET"}))
 }
 
 fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> Value {
@@ -665,7 +679,8 @@ fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> V
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
     json!({
-        "lqpn": qpn, "rqpn": c.dest_qp, "type": "RC", "state": c.state.name(),
+        "lqpn": qpn, "rqpn": c.dest_qp, "type": c.qp_type.name(), "state": c.state.name(),
+        "qkey": (c.qp_type == QpType::Ud).then_some(c.qkey),
         "rq-psn": c.rq_psn.value(), "sq-psn": c.sq_psn.value(), "pdn": q.pd, "lcore": lcore, "port": q.port,
         "send-cq": q.cqs[0], "recv-cq": q.cqs[1],
         "path-mtu": c.path_mtu.map(|m| m.bytes()),
@@ -749,6 +764,37 @@ struct QpAttrBody {
     access: Option<Vec<String>>,
     #[serde(default)]
     dscp: Option<u8>,
+    /// A UD QP's Q_Key (INIT).
+    #[serde(default)]
+    qkey: Option<u32>,
+    /// A UD QP's port (INIT; default 0).
+    #[serde(default)]
+    port: Option<usize>,
+}
+
+impl QpAttrBody {
+    /// The attributes given that a QP of type `ty` does not take, if any.
+    fn foreign(&self, ty: QpType) -> Option<&'static str> {
+        let rc = [
+            ("remote_qpn", self.remote_qpn.is_some()),
+            ("remote_gid", self.remote_gid.is_some()),
+            ("remote_psn", self.remote_psn.is_some()),
+            ("mtu", self.mtu.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("retry_cnt", self.retry_cnt.is_some()),
+            ("rnr_retry", self.rnr_retry.is_some()),
+            ("min_rnr_timer", self.min_rnr_timer.is_some()),
+            ("max_rd_atomic", self.max_rd_atomic.is_some()),
+            ("access", self.access.is_some()),
+            ("dscp", self.dscp.is_some()),
+        ];
+        let ud = [("qkey", self.qkey.is_some()), ("port", self.port.is_some())];
+        let theirs: &[(&'static str, bool)] = match ty {
+            QpType::Rc => &ud,
+            QpType::Ud => &rc,
+        };
+        theirs.iter().find(|(_, given)| *given).map(|(n, _)| *n)
+    }
 }
 
 /// The attributes checked, with the defaults `rdma_rxe`/perftest use where absent. The remote
@@ -797,6 +843,8 @@ fn attr_request(b: &QpAttrBody, need_remote: bool) -> Result<ConnectRequest, Api
         max_rd_atomic: check("max_rd_atomic", b.max_rd_atomic, 16, 16)?,
         access: parse_access(b.access.as_deref().unwrap_or(&default_access()))?,
         dscp: check("dscp", b.dscp, 63, 26)?,
+        qkey: b.qkey,
+        port: b.port.unwrap_or(0),
     })
 }
 
@@ -809,8 +857,20 @@ async fn qp_connect(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
             "connect goes to RTS; use /modify for one state at a time",
         ));
     }
-    let r = attr_request(&b, true)?;
+    if let Some(x) = b.foreign(QpType::Rc) {
+        return Err(ApiError::bad(
+            "bad_attr",
+            format!("{x} is for a UD QP's modify to INIT"),
+        ));
+    }
     blocking(move || {
+        if s.rdma.qp_type(qpn)? == QpType::Ud {
+            return Err(ApiError::conflict(
+                "bad_state",
+                dataplane::transport::qp::ModifyError::Datagram.to_string(),
+            ));
+        }
+        let r = attr_request(&b, true)?;
         s.rdma.connect_qp(qpn, &r)?;
         s.rdma.query_qp(qpn)
     })
@@ -840,8 +900,15 @@ async fn qp_modify(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Byt
         }
         None => return Err(ApiError::bad("bad_attr", "state is required")),
     };
-    let r = attr_request(&b, state == QpState::Rtr)?;
     blocking(move || {
+        let ty = s.rdma.qp_type(qpn)?;
+        if let Some(x) = b.foreign(ty) {
+            return Err(ApiError::bad(
+                "bad_attr",
+                format!("{x} is not an attribute of a {} QP", ty.name()),
+            ));
+        }
+        let r = attr_request(&b, state == QpState::Rtr && ty == QpType::Rc)?;
         s.rdma.modify_qp(qpn, state, &r)?;
         s.rdma.query_qp(qpn)
     })
@@ -934,6 +1001,9 @@ struct SendBody {
     /// IBV_SEND_INLINE: the SG list's bytes are copied at post time.
     #[serde(default)]
     inline: bool,
+    /// Where a UD QP's send goes.
+    #[serde(default)]
+    ud: Option<UdBody>,
     // For the stream endpoint only.
     #[serde(default)]
     count: Option<u64>,
@@ -943,6 +1013,27 @@ struct SendBody {
     timeout_ms: Option<u64>,
     #[serde(default)]
     duration_ms: Option<u64>,
+}
+
+/// A UD send's destination: verbs' address handle (a GID), remote QPN and Q_Key.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UdBody {
+    remote_gid: String,
+    remote_qpn: u32,
+    remote_qkey: u32,
+}
+
+/// The destination `b` names for a send on `qpn`, resolved (ARP/ND as for a connect); None
+/// without one (RC sends, and UD sends the QP refuses as lacking it).
+fn ud_dest(s: &ApiState, qpn: u32, b: &SendBody) -> Result<Option<UdDest>, ApiError> {
+    let Some(u) = &b.ud else {
+        return Ok(None);
+    };
+    let gid = parse_gid(&u.remote_gid)?;
+    s.rdma
+        .ud_dest(qpn, gid, u.remote_qpn, u.remote_qkey)
+        .map(Some)
 }
 
 /// A stream's count and duration: with `duration_ms` (1 ms to 10 minutes, perftest's -D) the
@@ -1062,9 +1153,14 @@ async fn qp_send(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Bytes
             "count, depth, timeout_ms and duration_ms belong to /stream",
         ));
     }
-    let wr = send_wr(&b)?;
-    blocking(move || s.rdma.post_send(qpn, wr)).await?;
-    ok(json!({"posted": true, "wr_id": b.wr_id}))
+    let mut wr = send_wr(&b)?;
+    let wr_id = b.wr_id;
+    blocking(move || {
+        wr.ud = ud_dest(&s, qpn, &b)?;
+        s.rdma.post_send(qpn, wr)
+    })
+    .await?;
+    ok(json!({"posted": true, "wr_id": wr_id}))
 }
 
 #[derive(Deserialize)]
@@ -1159,7 +1255,11 @@ struct BulkConnectBody {
 
 async fn qp_bulk_connect(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let b: BulkConnectBody = body(&b)?;
-    if b.qps.is_empty() || b.qps.len() > MAX_BULK || b.attr.state.is_some() {
+    if b.qps.is_empty()
+        || b.qps.len() > MAX_BULK
+        || b.attr.state.is_some()
+        || b.attr.foreign(QpType::Rc).is_some()
+    {
         return Err(ApiError::bad(
             "bad_attr",
             format!("qps: 1 to {MAX_BULK}; attr: the attributes connect takes (no state)"),
@@ -1244,6 +1344,12 @@ async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         return Err(ApiError::bad("bad_wr", "count or duration_ms is required"));
     }
     let (count, duration) = stream_limits(b.count, 0, b.duration_ms)?;
+    if b.wr.ud.is_some() {
+        return Err(ApiError::bad(
+            "bad_wr",
+            "ud names one destination: stream UD sends with /v1/qps/{qpn}/stream",
+        ));
+    }
     let mut qps = Vec::with_capacity(b.qps.len());
     for t in &b.qps {
         if t.remote_addr.is_some() {
@@ -1378,7 +1484,12 @@ async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
     };
     let (iters, server) = (b.iters, b.server);
     let wait = Duration::from_millis(wait_ms);
-    let r = blocking(move || s.rdma.latency_test(qpn, kind, wr, iters, server, wait)).await?;
+    let mut wr = wr;
+    let r = blocking(move || {
+        wr.ud = ud_dest(&s, qpn, &b.wr)?;
+        s.rdma.latency_test(qpn, kind, wr, iters, server, wait)
+    })
+    .await?;
     ok(
         json!({"posted_ns": r.posted_ns, "errors": r.errors, "failure": r.failure,
               "elapsed_ns": r.elapsed_ns}),
@@ -1399,7 +1510,12 @@ async fn qp_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: Byt
     }
     let (count, duration) = stream_limits(b.count, 1000, b.duration_ms)?;
     let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
-    let r = blocking(move || s.rdma.stream(qpn, wr, count, depth, duration, wait)).await?;
+    let mut wr = wr;
+    let r = blocking(move || {
+        wr.ud = ud_dest(&s, qpn, &b)?;
+        s.rdma.stream(qpn, wr, count, depth, duration, wait)
+    })
+    .await?;
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
@@ -1452,7 +1568,8 @@ fn poll_limits(p: PollQuery) -> Result<(usize, Duration), ApiError> {
 fn wc_json(c: &WorkCompletion) -> Value {
     json!({"wr_id": c.wr_id, "status": wc_status_name(c.status),
            "opcode": wc_opcode_name(c.opcode), "byte_len": c.byte_len,
-           "imm_data": c.imm_data, "invalidated_rkey": c.invalidated_rkey, "qp_num": c.qp_num})
+           "imm_data": c.imm_data, "invalidated_rkey": c.invalidated_rkey, "qp_num": c.qp_num,
+           "src_qp": c.src_qp})
 }
 
 async fn qp_poll(

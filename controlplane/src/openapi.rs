@@ -134,7 +134,13 @@ pub fn document() -> Value {
         "remote_addr": u64s, "rkey": u32s, "imm": u32s, "compare": u64s, "swap": u64s,
         "add": u64s, "signaled": {"type": "boolean"}, "solicited": {"type": "boolean"},
         "fence": {"type": "boolean"},
-        "inline": {"type": "boolean", "description": "IBV_SEND_INLINE: the bytes are copied at post time (SEND and WRITE, up to the QP's max_inline_data)"}});
+        "inline": {"type": "boolean", "description": "IBV_SEND_INLINE: the bytes are copied at post time (SEND and WRITE, up to the QP's max_inline_data)"},
+        "ud": {"type": "object", "additionalProperties": false,
+            "required": ["remote_gid", "remote_qpn", "remote_qkey"],
+            "description": "a UD QP's destination (verbs' address handle, remote QPN and Q_Key); RC QPs take none",
+            "properties": {"remote_gid": {"type": "string", "description": "IPv4 or IPv6 address"},
+                "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
+                "remote_qkey": u32s}}});
     // The attributes connect and modify take (modify also names the target state).
     let attr_props = json!({
         "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
@@ -151,6 +157,10 @@ pub fn document() -> Value {
     let mut modify_props = attr_props.clone();
     modify_props["state"] =
         json!({"type": "string", "enum": ["INIT", "RTR", "RTS", "SQD", "ERR", "RESET"]});
+    modify_props["qkey"] = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64,
+        "description": "a UD QP's Q_Key (INIT)"});
+    modify_props["port"] = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64,
+        "description": "a UD QP's port (INIT; default 0)"});
     let mut stream_props = send_props.clone();
     stream_props["count"] = json!({"type": "integer", "minimum": 1, "maximum": 100000000});
     stream_props["depth"] = json!({"type": "integer", "minimum": 1, "maximum": 16384});
@@ -160,10 +170,20 @@ pub fn document() -> Value {
     let wc = json!({"type": "object", "properties": {
         "wr_id": u64s, "status": {"type": "string"}, "opcode": {"type": "string"},
         "byte_len": u32s, "imm_data": {"type": "integer", "nullable": true},
-        "invalidated_rkey": {"type": "integer", "nullable": true}, "qp_num": u32s}});
+        "invalidated_rkey": {"type": "integer", "nullable": true}, "qp_num": u32s,
+        "src_qp": {"type": "integer", "nullable": true, "description": "the sender's QPN, on UD receives (whose buffers start with the 40-byte GRH)"}}});
     let dcqcn_knobs = json!({"type": "object", "description":
         "DCQCN knobs by NVIDIA's names (rpg_time_reset, rpg_byte_reset, rpg_ai_rate, ...) over the profile's values",
         "additionalProperties": {"type": "number"}});
+    let qp_create_body = json!({"type": "object", "additionalProperties": false, "properties": {
+                        "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+                        "pd": u32s, "send_cq": u32s, "recv_cq": u32s,
+                        "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
+                        "max_inline_data": {"type": "integer", "minimum": 0, "maximum": 512},
+                        "cc": {"type": "string", "enum": ["dcqcn", "none"]},
+                        "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
+                        "dcqcn": dcqcn_knobs.clone(), "copy_tx": {"type": "boolean"},
+                        "type": {"type": "string", "enum": ["RC", "UD"]}}});
     let lat_body = json!({"type": "object", "additionalProperties": false, "required": ["test", "wr", "iters"],
         "properties": {"test": {"type": "string", "enum": ["request", "write", "send"]},
             "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
@@ -324,15 +344,8 @@ pub fn document() -> Value {
             "/v1/qps": {
                 "get": op("Every QP", vec![], None,
                     json_ok(200, "QPs", json!({"type": "array", "items": r("Qp")}), &[503])),
-                "post": op("Create an RC QP (in RESET)", vec![],
-                    Some(body(json!({"type": "object", "additionalProperties": false, "properties": {
-                        "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
-                        "pd": u32s, "send_cq": u32s, "recv_cq": u32s,
-                        "max_send_wr": u32s, "max_recv_wr": u32s, "max_send_sge": u32s, "max_recv_sge": u32s,
-                        "max_inline_data": {"type": "integer", "minimum": 0, "maximum": 512},
-                        "cc": {"type": "string", "enum": ["dcqcn", "none"]},
-                        "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
-                        "dcqcn": dcqcn_knobs.clone(), "copy_tx": {"type": "boolean"}}}))),
+                "post": op("Create an RC or UD QP (in RESET)", vec![],
+                    Some(body(qp_create_body)),
                     json_ok(201, "the QP", json!({"type": "object", "required": ["qpn", "lcore", "state"],
                         "properties": {"qpn": u32s, "lcore": {"type": "integer"}, "type": {"type": "string"},
                                        "state": {"type": "string"}}}), &[400, 409, 503]))
@@ -342,7 +355,7 @@ pub fn document() -> Value {
                     json_ok(200, "the QP", r("Qp"), &[400, 404, 503])),
                 "delete": op("Destroy a QP", vec![qpn()], None, deleted("destroyed", &[400, 404, 503]))
             },
-            "/v1/qps/{qpn}/modify": {"post": op("One verbs transition (INIT, RTR, RTS, SQD, ERR, RESET) with the attributes it takes; RTR needs remote_qpn and remote_gid", vec![qpn()],
+            "/v1/qps/{qpn}/modify": {"post": op("One verbs transition (INIT, RTR, RTS, SQD, ERR, RESET) with the attributes it takes; an RC QP's RTR needs remote_qpn and remote_gid, a UD QP's INIT its qkey", vec![qpn()],
                 Some(body(json!({"type": "object", "additionalProperties": false,
                     "required": ["state"], "properties": modify_props}))),
                 json_ok(200, "the QP in its new state", r("Qp"), &[400, 404, 409, 503]))},
@@ -426,6 +439,7 @@ pub fn document() -> Value {
                 "port": {"type": "integer"}, "path-mtu": {"type": "integer", "nullable": true},
                 "remote-gid": {"type": "string", "nullable": true}, "local-gid": {"type": "string", "nullable": true},
                 "udp-sport": {"type": "integer", "nullable": true}, "caps": {"type": "object"},
+                "qkey": {"type": "integer", "nullable": true},
                 "cc": {"type": "object"}, "counters": {"type": "object"}}},
             "Impairments": impairments_nullable(json!({"type": "object", "additionalProperties": false, "required": ["direction"], "properties": {
                 "direction": {"type": "string", "enum": ["rx", "tx"]},

@@ -18,9 +18,9 @@ use dataplane::transport::host::{
     CqState, HostCounters, LatKind, LatResult, QpQuery, RdmaCommand, StreamResult, shard_of,
 };
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
-use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
+use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::{Connect, QpCaps};
-use dataplane::transport::wr::{RecvWr, SendWr};
+use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Condvar, Mutex};
@@ -231,6 +231,10 @@ pub struct ConnectRequest {
     pub access: Access,
     /// DSCP of its packets.
     pub dscp: u8,
+    /// A UD QP's Q_Key (INIT).
+    pub qkey: Option<u32>,
+    /// A UD QP's port (INIT).
+    pub port: usize,
 }
 
 /// The connect a request asks for, on `path`.
@@ -1169,9 +1173,71 @@ impl Rdma {
         .map_err(|e| ApiError::conflict("bad_state", e))
     }
 
+    /// A QP's type (RC or UD).
+    pub fn qp_type(&self, qpn: u32) -> Result<QpType, ApiError> {
+        Ok(self.query_qp(qpn)?.1.cfg.qp_type)
+    }
+
+    /// The largest IB MTU whose UD datagrams (IPv6, UDP, BTH, DETH, ImmDt, payload, ICRC) fit
+    /// `port`'s MTU: what a UD QP on it may send at most (verbs' active_mtu).
+    pub fn ud_mtu(&self, port: usize) -> Mtu {
+        let port_mtu = self.mtus.get(port).map_or(1500, |&m| m as u32);
+        [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512]
+            .into_iter()
+            .find(|m| 40 + 8 + 12 + 8 + 4 + m.bytes() + 4 <= port_mtu)
+            .unwrap_or(Mtu::M256)
+    }
+
+    /// Where a UD send from `qpn` to `remote_qpn` at `gid` goes: the GID resolved (ARP/ND) to
+    /// a next hop of the QP's port, the UDP source port chosen as for RC; Not-ECT, DSCP 0 (no
+    /// congestion control for datagrams), as rxe sends them.
+    pub fn ud_dest(
+        &self,
+        qpn: u32,
+        gid: IpAddr,
+        remote_qpn: u32,
+        qkey: u32,
+    ) -> Result<UdDest, ApiError> {
+        let (_, q) = self.query_qp(qpn)?;
+        if q.cfg.qp_type != QpType::Ud {
+            return Err(ApiError::bad(
+                "bad_wr",
+                format!("QP {qpn} is RC: its sends go to its connected peer and take no ud"),
+            ));
+        }
+        if remote_qpn > 0xff_ffff {
+            return Err(ApiError::bad("bad_wr", "remote_qpn is 24-bit"));
+        }
+        let (port, local, mac, vlan) = self.resolve(gid)?;
+        if port != q.port {
+            return Err(ApiError::bad(
+                "bad_wr",
+                format!(
+                    "{gid} is reached by port {port}, and QP {qpn} sends by port {}",
+                    q.port
+                ),
+            ));
+        }
+        Ok(UdDest {
+            path: Path {
+                local_ip: local,
+                remote_ip: gid,
+                local_mac: self.macs[port].0,
+                remote_mac: mac.0,
+                udp_sport: udp_sport(qpn, local, gid, remote_qpn),
+                dscp: 0,
+                ecn: 0,
+                vlan,
+            },
+            dest_qp: remote_qpn,
+            qkey,
+        })
+    }
+
     /// One verbs transition of QP `qpn` to `state`, with the attributes that transition takes
     /// from `r` (INIT: access, P_Key index 0; RTR: path, remote QPN and PSN, MTU, min_rnr_timer,
-    /// max_dest_rd_atomic; RTS: our PSN, timeout, retry_cnt, rnr_retry, max_rd_atomic).
+    /// max_dest_rd_atomic; RTS: our PSN, timeout, retry_cnt, rnr_retry, max_rd_atomic). A UD
+    /// QP takes its Q_Key, port and the port's MTU at INIT, nothing at RTR, our PSN at RTS.
     pub fn modify_qp(&self, qpn: u32, state: QpState, r: &ConnectRequest) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
         let mut attr = QpAttr {
@@ -1179,6 +1245,46 @@ impl Rdma {
             ..Default::default()
         };
         let mut port = 0;
+        if self.qp_type(qpn)? == QpType::Ud {
+            match state {
+                QpState::Init => {
+                    if r.port >= self.macs.len() {
+                        return Err(ApiError::bad(
+                            "bad_attr",
+                            format!("port {} does not exist", r.port),
+                        ));
+                    }
+                    port = r.port;
+                    attr.pkey_index = Some(0);
+                    attr.qkey = Some(r.qkey.ok_or_else(|| {
+                        ApiError::bad("bad_attr", "a UD QP's INIT needs its qkey")
+                    })?);
+                    attr.path_mtu = Some(self.ud_mtu(port));
+                }
+                QpState::Rts => attr.sq_psn = Some(r.local_psn),
+                _ => {}
+            }
+        } else {
+            self.rc_attr(qpn, state, r, &mut attr, &mut port)?;
+        }
+        self.ask(l, |reply| RdmaCommand::Modify {
+            qpn,
+            attr: Box::new(attr),
+            port,
+            reply,
+        })?
+        .map_err(|e| ApiError::conflict("bad_state", e))
+    }
+
+    /// An RC QP's attributes for the transition to `state` (see [`Rdma::modify_qp`]).
+    fn rc_attr(
+        &self,
+        qpn: u32,
+        state: QpState,
+        r: &ConnectRequest,
+        attr: &mut QpAttr,
+        port: &mut usize,
+    ) -> Result<(), ApiError> {
         match state {
             QpState::Init => {
                 attr.access = Some(r.access);
@@ -1186,7 +1292,7 @@ impl Rdma {
             }
             QpState::Rtr => {
                 let (path, p) = self.path_for(qpn, r)?;
-                port = p;
+                *port = p;
                 attr.path = Some(path);
                 attr.path_mtu = Some(r.mtu);
                 attr.dest_qp = Some(r.remote_qpn);
@@ -1203,13 +1309,7 @@ impl Rdma {
             }
             _ => {}
         }
-        self.ask(l, |reply| RdmaCommand::Modify {
-            qpn,
-            attr: Box::new(attr),
-            port,
-            reply,
-        })?
-        .map_err(|e| ApiError::conflict("bad_state", e))
+        Ok(())
     }
 
     /// Posts a send work request.

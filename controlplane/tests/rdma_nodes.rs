@@ -520,6 +520,87 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
     ));
     assert_eq!(again, (409, "bad_state".into()));
     assert_eq!(a.ok(a.get(&format!("/v1/qps/{q}")))["state"], "RTS");
+    // An RC QP takes no UD destination or Q_Key.
+    let ud = json!({"remote_gid": "10.89.0.2", "remote_qpn": 5, "remote_qkey": 7});
+    let wr = json!({"opcode": "send", "sge": sge(addr, 8, key), "ud": ud});
+    assert_eq!(
+        code(a.post(&format!("/v1/qps/{q}/send"), wr)),
+        (400, "bad_wr".into())
+    );
+    assert_eq!(
+        code(a.post(
+            &format!("/v1/qps/{q}/modify"),
+            json!({"state": "RTS", "qkey": 1})
+        )),
+        (400, "bad_attr".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/qps", json!({"type": "XRC"}))),
+        (400, "bad_type".into())
+    );
+    // UD QPs: no connect, a Q_Key at INIT, no RC attributes; a datagram each way.
+    let b = &n.api[1];
+    let ua = a.ok(a.post("/v1/qps", json!({"type": "UD"})))["qpn"]
+        .as_u64()
+        .unwrap() as u32;
+    let ub = b.ok(b.post("/v1/qps", json!({"type": "UD"})))["qpn"]
+        .as_u64()
+        .unwrap() as u32;
+    assert_eq!(
+        code(a.post(
+            &format!("/v1/qps/{ua}/connect"),
+            json!({"remote_qpn": ub, "remote_gid": "10.89.0.2"})
+        )),
+        (409, "bad_state".into())
+    );
+    let init =
+        |api: &Api, qp: u32, body: Value| code(api.post(&format!("/v1/qps/{qp}/modify"), body));
+    assert_eq!(
+        init(a, ua, json!({"state": "INIT"})),
+        (400, "bad_attr".into())
+    );
+    assert_eq!(
+        init(
+            a,
+            ua,
+            json!({"state": "INIT", "qkey": 9, "access": ["remote-write"]})
+        ),
+        (400, "bad_attr".into())
+    );
+    for (api, qp) in [(a, ua), (b, ub)] {
+        for body in [
+            json!({"state": "INIT", "qkey": 0x1111_1111}),
+            json!({"state": "RTR"}),
+            json!({"state": "RTS", "local_psn": 100}),
+        ] {
+            let r = api.ok(api.post(&format!("/v1/qps/{qp}/modify"), body));
+            assert_eq!(
+                (r["type"].as_str(), r["qkey"].as_u64()),
+                (Some("UD"), Some(0x1111_1111))
+            );
+        }
+    }
+    let (kb, ab) = reg(b, 4096);
+    b.ok(b.post(
+        &format!("/v1/qps/{ub}/recv"),
+        json!({"wr_id": 3, "sge": sge(ab, 40 + 8, kb)}),
+    ));
+    put(a, key, addr, b"datagram");
+    let ud = json!({"remote_gid": "10.89.0.2", "remote_qpn": ub, "remote_qkey": 0x1111_1111});
+    post(
+        a,
+        ua,
+        json!({"opcode": "send", "sge": sge(addr, 8, key), "ud": ud}),
+    );
+    assert_eq!(completion(a, ua, false)["status"], "success");
+    let c = completion(b, ub, true);
+    assert_eq!(
+        (&c["status"], &c["byte_len"], &c["src_qp"]),
+        (&json!("success"), &json!(48), &json!(ua))
+    );
+    assert_eq!(get(b, kb, ab + 40, 8), b"datagram");
+    // 10.89.0.1's IPv4 header sits in the GRH's last 20 bytes.
+    assert_eq!(get(b, kb, ab + 32, 4), [10, 89, 0, 1]);
     n.stop();
 }
 
@@ -1341,6 +1422,44 @@ fn rocectl_perf_latency_tests_run_against_itself() {
             "rc_pingpong's lines: {out}"
         );
     }
+    // ibv_ud_pingpong's: UD QPs, the same exchange; a message over the MTU is refused.
+    let server = std::thread::spawn(move || {
+        rocectl(
+            a,
+            &[
+                "pingpong", "--ud", "--server", "-p", "18721", "-s", "1024", "-n", "300",
+            ],
+        )
+    });
+    let (code, cout, err) = rocectl(
+        b,
+        &[
+            "pingpong",
+            "--ud",
+            "127.0.0.1",
+            "-p",
+            "18721",
+            "-s",
+            "1024",
+            "-n",
+            "300",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, sout, err) = server.join().unwrap();
+    assert_eq!(code, 0, "{err}");
+    for out in [&cout, &sout] {
+        assert!(
+            out.contains("614400 bytes in") && out.contains("300 iters in"),
+            "ud_pingpong's lines: {out}"
+        );
+    }
+    let (code, _, err) = rocectl(
+        b,
+        &["pingpong", "--ud", "127.0.0.1", "-p", "18722", "-s", "9000"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("more than a UD message may carry"), "{err}");
     for api in [a, b] {
         assert_eq!(count(api, &["qp", "show"]), 0);
         assert_eq!(count(api, &["mr", "show"]), 0);

@@ -124,12 +124,18 @@ CASES = [
     case("rc_pingpong 1MiB mtu4096", "ibv_rc_pingpong -s 1048576 -n 10 -m 4096",
          "pingpong -s 1M -n 10 -m 4096"),
     # IPv6 GIDs (RoCEv2 over IPv6; the TCP exchanges stay on IPv4, as with perftest's -x).
+    # ibv_ud_pingpong: UD datagrams up to the path MTU (4096 on the jumbo lab).
+    case("ud_pingpong 1B", "ibv_ud_pingpong -s 1 -n 200", "pingpong --ud -s 1 -n 200"),
+    case("ud_pingpong 512B", "ibv_ud_pingpong -s 512 -n 200", "pingpong --ud -s 512 -n 200"),
+    case("ud_pingpong 4KiB", "ibv_ud_pingpong -s 4096 -n 100", "pingpong --ud -s 4096 -n 100"),
     case("ipv6 write_bw 64KiB", "ib_write_bw -s 65536 -n 100 -m 4096",
          "write bw -s 65536 -n 100 -m 4096", gid=2),
     case("ipv6 read_lat 8B", "ib_read_lat -s 8 -n 300 -m 1024", "read lat -s 8 -n 300 -m 1024",
          gid=2),
     case("ipv6 send_bw 4KiB", "ib_send_bw -s 4096 -n 300 -m 1024",
          "send bw -s 4096 -n 300 -m 1024", gid=2),
+    case("ipv6 ud_pingpong 1KiB", "ibv_ud_pingpong -s 1024 -n 100",
+         "pingpong --ud -s 1024 -n 100", gid=2),
     case("ipv6 rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024",
          "pingpong -s 4096 -n 100 -m 1024", gid=2),
     # Loss: netem on the VM's egress and ferroce's own impairment stage, 2% each way.
@@ -227,7 +233,7 @@ def vm_server_result(vm):
             return out
         time.sleep(0.5)
     vm.run("kill $(pidof ib_write_bw ib_read_bw ib_atomic_bw ib_send_bw ib_write_lat"
-           " ib_read_lat ib_send_lat ib_atomic_lat ibv_rc_pingpong) 2>/dev/null")
+           " ib_read_lat ib_send_lat ib_atomic_lat ibv_rc_pingpong ibv_ud_pingpong) 2>/dev/null")
     return vm.run("cat /tmp/srv.log; echo EXIT=killed")[1]
 
 
@@ -288,7 +294,7 @@ def impair(loss):
 def run_case(vm, c):
     """Both roles of one case: a list of (roles, ok, why, ferroce output, rxe output)."""
     name, tool = c["name"], c["tool"]
-    pingpong = tool.startswith("ibv_rc_pingpong")
+    pingpong = tool.startswith("ibv_") and "_pingpong" in tool
     flags = (PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS) % c["gid"] + c["vm_flags"]
     ctl_cmd = "%s %s %d" % (c["perf"], "-g" if pingpong else "-x", c["gid"])
     if not pingpong:

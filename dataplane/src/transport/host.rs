@@ -1508,7 +1508,11 @@ impl<B: PacketBuf> RdmaHost<B> {
             } => {
                 let r = self.on_qp(qpn, true, |s| {
                     s.qp.modify(&attr).map_err(|e| e.to_string())?;
-                    if attr.path.is_some() {
+                    // An RC QP's port follows its path; a UD QP's is chosen at INIT (verbs'
+                    // port_num), and its datagrams leave by it whatever their destination.
+                    let ud_init = s.qp.cfg.qp_type == super::qp::QpType::Ud
+                        && attr.state == Some(super::qp::QpState::Init);
+                    if attr.path.is_some() || ud_init {
                         s.port = port;
                     }
                     if s.qp.cfg.state == super::qp::QpState::Err {

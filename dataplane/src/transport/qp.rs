@@ -209,6 +209,9 @@ pub enum ModifyError {
     /// An attribute is out of range.
     #[error("{0} is out of range")]
     Invalid(&'static str),
+    /// A UD QP asked to connect.
+    #[error("a UD QP has no connection: modify it to INIT (with a Q_Key), RTR and RTS")]
+    Datagram,
 }
 
 /// Maximum outstanding READ/atomic requests in either direction.

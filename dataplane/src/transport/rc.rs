@@ -579,6 +579,9 @@ impl RcQp {
     /// Takes a QP in RESET through INIT and RTR to RTS; stops at the first refused step.
     pub fn connect(&mut self, c: &Connect) -> Result<(), super::qp::ModifyError> {
         use super::qp::QpAttr;
+        if self.cfg.qp_type == QpType::Ud {
+            return Err(super::qp::ModifyError::Datagram);
+        }
         self.modify(&QpAttr {
             state: Some(QpState::Init),
             pkey_index: Some(0),
