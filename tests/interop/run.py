@@ -147,10 +147,15 @@ CASES = [
          "send bw -s 4096 -n 300 -m 1024", netem="loss 2%", impair=0.02),
     case("loss atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 300",
          "atomic bw -A fetch-add -n 300", netem="loss 2%", impair=0.02),
-    # No ping-pong (rc_pingpong, write_lat) under loss: its last message's ACK may be lost
-    # after the peer, done,
-    # has exited, and then the sender's final completion is RETRY_EXC_ERR whatever the stack
-    # (tests/interop/NOTES.md).
+    # The latency tools whose server waits in a last barrier for the client (READ, atomic).
+    case("loss read_lat 8B", "ib_read_lat -s 8 -n 300 -m 1024",
+         "read lat -s 8 -n 300 -m 1024", netem="loss 2%", impair=0.02),
+    case("loss atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300",
+         "atomic lat -A fetch-add -n 300", netem="loss 2%", impair=0.02),
+    # No ping-pong (rc_pingpong, ud_pingpong, write_lat, send_lat) under loss: its last
+    # message's ACK may be lost after the peer, done, has exited, and then the sender's final
+    # completion is RETRY_EXC_ERR whatever the stack; ud_pingpong never resends a lost
+    # datagram and waits for it forever (tests/interop/NOTES.md).
     # ECN: the VM sends ECT(0) (--tclass=2) and netem marks CE instead of dropping (its ecn
     # option), so ferroce, as the server of the VM's client, must send CNPs, which rxe takes
     # without harm to the connection.
