@@ -247,7 +247,7 @@ fn fuzz_regressions_are_rejected_without_panic() {
 fn ud_pingpong_datagrams_through_a_ud_qp() {
     use dataplane::transport::cq::{CompletionQueue, WcOpcode, WcStatus};
     use dataplane::transport::mr::{Access, MrTable};
-    use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
+    use dataplane::transport::qp::{Mtu, Path, QpType};
     use dataplane::transport::rc::{QpCaps, RcQp};
     use dataplane::transport::wr::{SendOp, SendWr, Sge, UdDest};
     const QKEY: u32 = 0x1111_1111;
@@ -263,27 +263,7 @@ fn ud_pingpong_datagrams_through_a_ud_qp() {
             ..QpCaps::default()
         };
         let mut qp = RcQp::new(qpn, pd, caps).unwrap();
-        let steps = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                qkey: Some(QKEY),
-                path_mtu: Some(Mtu::M1024),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(psn),
-                ..Default::default()
-            },
-        ];
-        for a in steps {
-            qp.modify(&a).unwrap();
-        }
+        qp.activate_ud(QKEY, Mtu::M1024, psn).unwrap();
         (qp, mrs, key)
     };
     let file = std::fs::File::open(data_dir().join("ud_pingpong.pcap")).unwrap();

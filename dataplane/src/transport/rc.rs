@@ -609,6 +609,38 @@ impl RcQp {
         })
     }
 
+    /// Takes a UD QP in RESET through INIT (its Q_Key, and the MTU its datagrams may fill)
+    /// and RTR to RTS, first PSN `sq_psn`: UD's counterpart of [`RcQp::connect`].
+    pub fn activate_ud(
+        &mut self,
+        qkey: u32,
+        mtu: super::qp::Mtu,
+        sq_psn: u32,
+    ) -> Result<(), super::qp::ModifyError> {
+        use super::qp::QpAttr;
+        for a in [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                qkey: Some(qkey),
+                path_mtu: Some(mtu),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(sq_psn),
+                ..Default::default()
+            },
+        ] {
+            self.modify(&a)?;
+        }
+        Ok(())
+    }
+
     /// Posts a send work request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         if wr.inline && !wr.sg.is_empty() {

@@ -1329,27 +1329,7 @@ fn ud_node(qpn: u32, me: u8) -> Node {
         },
     )
     .unwrap();
-    use crate::transport::qp::QpAttr;
-    for a in [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            qkey: Some(QKEY),
-            path_mtu: Some(Mtu::M1024),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0x100 * me as u32),
-            ..Default::default()
-        },
-    ] {
-        qp.modify(&a).unwrap();
-    }
+    qp.activate_ud(QKEY, Mtu::M1024, 0x100 * me as u32).unwrap();
     Node {
         qp,
         mrs,
