@@ -1110,6 +1110,27 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
+    /// The slots of `qpns` when every one is here and `can_start` (a group of streams starts
+    /// on all of them or on none); else why not: the first QP that cannot, or no QPs at all.
+    fn all_or_none(
+        &self,
+        qpns: impl ExactSizeIterator<Item = u32>,
+        can_start: impl Fn(&Slot) -> bool,
+        why: &str,
+    ) -> Result<Vec<usize>, String> {
+        let mut slots = Vec::with_capacity(qpns.len());
+        for qpn in qpns {
+            let ok = self
+                .index(qpn)
+                .filter(|&i| self.slots[i].as_ref().is_some_and(&can_start));
+            slots.push(ok.ok_or_else(|| format!("QP {qpn} is not here, {why}"))?);
+        }
+        if slots.is_empty() {
+            return Err("no QPs".into());
+        }
+        Ok(slots)
+    }
+
     /// Gives a received frame to the QP it names on this shard.
     fn deliver<Q: PortQueue<Buf = B>>(
         &mut self,
@@ -1634,28 +1655,17 @@ impl<B: PacketBuf> RdmaHost<B> {
                 duration,
                 reply,
             } => {
-                // Every QP must be able to start, or none does.
-                let mut slots = Vec::with_capacity(qps.len());
-                for (qpn, _) in &qps {
-                    let ok = self.index(*qpn).and_then(|i| {
-                        let s = self.slots[i].as_ref()?;
-                        (s.stream.is_none() && s.qp.cfg.state == super::qp::QpState::Rts)
-                            .then_some(i)
-                    });
-                    match ok {
-                        Some(i) => slots.push(i),
-                        None => {
-                            let _ = reply.send(Err(format!(
-                                "QP {qpn} is not here, not in RTS or already streaming"
-                            )));
-                            return;
-                        }
+                let slots = match self.all_or_none(
+                    qps.iter().map(|q| q.0),
+                    |s| s.stream.is_none() && s.qp.cfg.state == super::qp::QpState::Rts,
+                    "not in RTS or already streaming",
+                ) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
                     }
-                }
-                if slots.is_empty() {
-                    let _ = reply.send(Err("no QPs".into()));
-                    return;
-                }
+                };
                 let g = self.new_group(slots.len(), now, reply);
                 for (&i, (_, wr)) in slots.iter().zip(qps) {
                     if let Some(s) = self.slots[i].as_mut() {
@@ -1713,31 +1723,23 @@ impl<B: PacketBuf> RdmaHost<B> {
                 posted,
                 reply,
             } => {
-                // Every QP must be able to start, or none does.
-                let mut slots = Vec::with_capacity(qpns.len());
-                for qpn in &qpns {
-                    let ok = self.index(*qpn).and_then(|i| {
-                        let s = self.slots[i].as_ref()?;
+                let slots = match self.all_or_none(
+                    qpns.iter().copied(),
+                    |s| {
                         let connected = matches!(
                             s.qp.cfg.state,
                             super::qp::QpState::Rtr | super::qp::QpState::Rts
                         );
-                        (s.rstream.is_none() && s.lat.is_none() && connected).then_some(i)
-                    });
-                    match ok {
-                        Some(i) => slots.push(i),
-                        None => {
-                            let _ = reply.send(Err(format!(
-                                "QP {qpn} is not here, not connected or already receiving a test"
-                            )));
-                            return;
-                        }
+                        s.rstream.is_none() && s.lat.is_none() && connected
+                    },
+                    "not connected or already receiving a test",
+                ) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
                     }
-                }
-                if slots.is_empty() {
-                    let _ = reply.send(Err("no QPs".into()));
-                    return;
-                }
+                };
                 let g = self.new_group(slots.len(), now, reply);
                 for &i in &slots {
                     if let Some(s) = self.slots[i].as_mut() {
