@@ -983,18 +983,7 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
-        let Some(&(first, _)) = qps.first() else {
-            return Err(ApiError::bad("bad_wr", "no QPs"));
-        };
-        let l = self.lcore_of(first)?;
-        for (q, _) in &qps {
-            if self.lcore_of(*q)? != l {
-                return Err(ApiError::bad(
-                    "bad_wr",
-                    "a several-QP stream runs on one lcore: its QPs must share it",
-                ));
-            }
-        }
+        let first = self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
         let codes = ("stream_refused", "stream_ended");
         self.run_test(first, "stream", codes, wait, |reply| RdmaCommand::Streams {
             qps,
@@ -1003,6 +992,23 @@ impl Rdma {
             duration,
             reply,
         })
+    }
+
+    /// The first of `qpns`, which must all live on one lcore (a several-QP `what` runs there).
+    fn one_lcore(&self, mut qpns: impl Iterator<Item = u32>, what: &str) -> Result<u32, ApiError> {
+        let first = qpns
+            .next()
+            .ok_or_else(|| ApiError::bad("bad_wr", "no QPs"))?;
+        let l = self.lcore_of(first)?;
+        for q in qpns {
+            if self.lcore_of(q)? != l {
+                return Err(ApiError::bad(
+                    "bad_wr",
+                    format!("a several-QP {what} runs on one lcore: its QPs must share it"),
+                ));
+            }
+        }
+        Ok(first)
     }
 
     fn lcore_of(&self, qpn: u32) -> Result<usize, ApiError> {
@@ -1420,18 +1426,7 @@ impl Rdma {
         posted: u64,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
-        let first = *qpns
-            .first()
-            .ok_or_else(|| ApiError::bad("bad_wr", "no QPs"))?;
-        let l = self.lcore_of(first)?;
-        for q in &qpns {
-            if self.lcore_of(*q)? != l {
-                return Err(ApiError::bad(
-                    "bad_wr",
-                    "a several-QP receive stream runs on one lcore: its QPs must share it",
-                ));
-            }
-        }
+        let first = self.one_lcore(qpns.iter().copied(), "receive stream")?;
         let recv = Box::new(recv);
         let codes = ("stream_refused", "stream_ended");
         self.run_test(first, "receive stream", codes, wait, |reply| {
