@@ -193,27 +193,32 @@ pub fn document() -> Value {
             "recv": {"type": "array", "items": sge.clone(), "maxItems": 4},
             "rx_depth": u64s,
             "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}});
+    // The receive-stream body (one QP in the path, or several in `qpns`) and its answer.
+    let recv_stream_props = json!({"wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
+        "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
+        "posted": u64s,
+        "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}});
+    let mut recv_streams_props = recv_stream_props.clone();
+    recv_streams_props["qpns"] =
+        json!({"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s});
+    let recv_stream_done = json_ok(
+        200,
+        "done: from the first arrival to the last",
+        json!({"type": "object", "properties": {
+        "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
+        "best_ns_per_wr": {"type": "number", "nullable": true}}}),
+        &[400, 404, 409, 503],
+    );
     let recv_stream_path = json!({"post": op("The QP's lcore receives `count` messages itself, `posted` receives of this one already posted, reposting as they complete (perftest's SEND bandwidth server)",
         vec![qpn()],
         Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
-            "properties": {"wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
-                "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
-                "posted": u64s,
-                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
-        json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
-            "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
-            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
+            "properties": recv_stream_props}))),
+        recv_stream_done.clone())});
     let recv_streams_path = json!({"post": op("Receive streams on several QPs of one lcore at once (a SEND bandwidth server with several QPs): `count` messages and `posted` receives on each; the sum, from the first arrival on any to the last",
         vec![],
         Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns", "count"],
-            "properties": {"qpns": {"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s},
-                "wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
-                "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
-                "posted": u64s,
-                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}}))),
-        json_ok(200, "done: from the first arrival to the last", json!({"type": "object", "properties": {
-            "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
-            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
+            "properties": recv_streams_props}))),
+        recv_stream_done)});
     let bulk_path = json!({"post": op("Create `count` RC QPs (in RESET) on one lcore, all or none: a perftest run with several QPs",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
             "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 200000},
