@@ -196,8 +196,11 @@ pub enum MrVerb {
 
 #[derive(Debug, Subcommand)]
 pub enum QpVerb {
-    /// Create an RC QP (in RESET) on the least-loaded lcore or the one given.
+    /// Create an RC or UD QP (in RESET) on the least-loaded lcore or the one given.
     Create {
+        /// RC (reliable connection) or UD (unreliable datagram).
+        #[arg(long = "type", value_parser = ["RC", "UD"], default_value = "RC")]
+        qp_type: String,
         /// The lcore (worker index) to own it (with CQs: theirs).
         #[arg(long)]
         lcore: Option<usize>,
@@ -275,6 +278,12 @@ pub enum QpVerb {
         /// INIT: remote access the peer gets, comma-separated.
         #[arg(long, value_delimiter = ',')]
         access: Option<Vec<String>>,
+        /// INIT of a UD QP: its Q_Key.
+        #[arg(long, value_parser = parse_u32)]
+        qkey: Option<u32>,
+        /// INIT of a UD QP: the port it sends by (default 0).
+        #[arg(long)]
+        port: Option<usize>,
     },
     /// One QP (with `rdma resource show qp`'s fields), or every QP.
     Show {
@@ -339,7 +348,8 @@ pub enum PostVerb {
         #[command(flatten)]
         remote: Remote,
     },
-    /// SEND local bytes into a receive the peer posted.
+    /// SEND local bytes into a receive the peer posted (on a UD QP: to --ud-gid, --ud-qpn,
+    /// --ud-qkey; the receive there gets the 40-byte GRH first).
     Send {
         /// The QP.
         qpn: u32,
@@ -348,6 +358,15 @@ pub enum PostVerb {
         /// Immediate data.
         #[arg(long, value_parser = parse_u32)]
         imm: Option<u32>,
+        /// UD: the destination's GID (IPv4 or IPv6 address).
+        #[arg(long, requires_all = ["ud_qpn", "ud_qkey"])]
+        ud_gid: Option<String>,
+        /// UD: the destination QP.
+        #[arg(long, requires = "ud_gid")]
+        ud_qpn: Option<u32>,
+        /// UD: the Q_Key the datagram carries.
+        #[arg(long, value_parser = parse_u32, requires = "ud_gid")]
+        ud_qkey: Option<u32>,
     },
     /// Post a receive for the peer's SENDs.
     Recv {
@@ -710,6 +729,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         },
         Cmd::Qp { verb } => match verb {
             QpVerb::Create {
+                qp_type,
                 lcore,
                 pd,
                 cq,
@@ -721,6 +741,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 max_recv_wr,
             } => {
                 let b = object(&[
+                    ("type", json!(qp_type)),
                     ("lcore", json!(lcore)),
                     ("pd", json!(pd)),
                     ("send_cq", json!(cq.or(*send_cq))),
@@ -761,9 +782,13 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 local_psn,
                 mtu,
                 access,
+                qkey,
+                port,
             } => {
                 let b = object(&[
                     ("state", json!(state)),
+                    ("qkey", json!(qkey)),
+                    ("port", json!(port)),
                     ("remote_qpn", json!(remote_qpn)),
                     ("remote_gid", json!(remote_gid)),
                     ("remote_psn", json!(remote_psn)),
@@ -851,12 +876,17 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                                     w.get("imm_data")
                                         .filter(|x| !x.is_null())
                                         .map_or("-".into(), |x| x.to_string()),
+                                    w.get("src_qp")
+                                        .filter(|x| !x.is_null())
+                                        .map_or("-".into(), |x| x.to_string()),
                                 ]
                             })
                     });
                     table(
                         out,
-                        &["side", "qpn", "wr_id", "opcode", "status", "bytes", "imm"],
+                        &[
+                            "side", "qpn", "wr_id", "opcode", "status", "bytes", "imm", "src_qp",
+                        ],
                         rows,
                     )
                     .map_err(io)?;
@@ -1026,11 +1056,21 @@ fn post_body(verb: &PostVerb) -> (u32, &'static str, Value) {
             remote(&mut b, r);
             (*qpn, "send", b)
         }
-        PostVerb::Send { qpn, local, imm } => {
+        PostVerb::Send {
+            qpn,
+            local,
+            imm,
+            ud_gid,
+            ud_qpn,
+            ud_qkey,
+        } => {
             let op = if imm.is_some() { "send-imm" } else { "send" };
             let mut b = json!({"opcode": op, "wr_id": local.wr_id, "sge": sge(local)});
             if let Some(i) = imm {
                 b["imm"] = json!(i);
+            }
+            if let (Some(g), Some(q), Some(k)) = (ud_gid, ud_qpn, ud_qkey) {
+                b["ud"] = json!({"remote_gid": g, "remote_qpn": q, "remote_qkey": k});
             }
             (*qpn, "send", b)
         }

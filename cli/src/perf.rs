@@ -93,6 +93,10 @@ pub struct PerfArgs {
     /// Path MTU to offer (the smaller of the two sides' is used).
     #[arg(long, short = 'm', default_value_t = 1024)]
     pub mtu: u32,
+    /// The QP's ACK timeout code (perftest's -u): 4.096 us * 2^N before a resend, 0 to 31.
+    #[arg(long = "qp-timeout", short = 'u', default_value_t = 14,
+          value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// The node's port to use.
     #[arg(long, default_value_t = 0)]
     pub port: usize,
@@ -263,7 +267,10 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     };
     let (stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
     let mut oob = Oob::new(stream, role);
-    let connect = |mtu, remote: &Dest| connect_qp(c, qpn, remote, mine.psn, mtu, remote.out_reads);
+    let connect = |mtu, remote: &Dest| {
+        let how = (mine.psn, mtu, remote.out_reads, a.qp_timeout);
+        connect_qp(c, qpn, remote, how)
+    };
     let o = crate::perftest::lat_exchange(
         &mut oob,
         test,
@@ -342,7 +349,7 @@ fn bandwidth(
             Some(
                 json!({"qps": qps, "attr": {"remote_gid": rgid.to_string(), "mtu": mtu,
                 "max_rd_atomic": first.out_reads.clamp(1, 16), "min_rnr_timer": 12,
-                "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+                "timeout": a.qp_timeout, "retry_cnt": 7, "rnr_retry": 7,
                 "access": ["remote-write", "remote-read", "remote-atomic"]}}),
             ),
         )
@@ -483,14 +490,13 @@ impl Drop for Resources<'_> {
     }
 }
 
-/// Takes our QP to RTS towards `remote` with perftest's and rc_pingpong's attributes.
+/// Takes our QP to RTS towards `remote` with perftest's and rc_pingpong's attributes: `how`
+/// is our first PSN, the path MTU, READs/atomics outstanding and the ACK timeout code.
 pub(crate) fn connect_qp(
     c: &Client,
     qpn: u32,
     remote: &Dest,
-    local_psn: u32,
-    mtu: u32,
-    rd_atomic: u16,
+    (local_psn, mtu, rd_atomic, timeout): (u32, u32, u16, u8),
 ) -> Result<(), Fail> {
     let rgid = IpAddr::V6(remote.gid).to_canonical();
     c.call(
@@ -500,7 +506,7 @@ pub(crate) fn connect_qp(
             json!({"remote_qpn": remote.qpn, "remote_gid": rgid.to_string(),
             "remote_psn": remote.psn, "local_psn": local_psn, "mtu": mtu,
             "max_rd_atomic": rd_atomic.clamp(1, 16), "min_rnr_timer": 12,
-            "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+            "timeout": timeout, "retry_cnt": 7, "rnr_retry": 7,
             "access": ["remote-write", "remote-read", "remote-atomic"]}),
         ),
     )

@@ -200,7 +200,8 @@ pub(crate) fn pingpong(
             gid: r.gid,
             srqn: 0,
         };
-        connect_qp(c, qpn, &d, mine.psn, a.mtu, 1)?;
+        // rc_pingpong's: one READ/atomic, ACK timeout code 14.
+        connect_qp(c, qpn, &d, (mine.psn, a.mtu, 1, 14))?;
         post_receives(c, qpn, &buf, rx_depth)
     })?;
     let wr = json!({"wr_id": 1, "opcode": "send", "sge": buf.sge(buf.addr)});

@@ -1760,6 +1760,75 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
         "cafef00d"
     );
 
+    // UD QPs with rocectl: created, modified with a Q_Key, a datagram to B's receive, which
+    // gets the GRH first and names A's QP.
+    let ua = rocectl_json(a, &["qp", "create", "--type", "UD"])["qpn"].to_string();
+    let ub = rocectl_json(b, &["qp", "create", "--type", "UD"])["qpn"].to_string();
+    for (api, me) in [(a, &ua), (b, &ub)] {
+        let q = rocectl_json(
+            api,
+            &[
+                "qp",
+                "modify",
+                me,
+                "--state",
+                "INIT",
+                "--qkey",
+                "0x11111111",
+            ],
+        );
+        assert_eq!(
+            (q["type"].as_str(), q["qkey"].as_u64()),
+            (Some("UD"), Some(0x1111_1111))
+        );
+        rocectl_json(api, &["qp", "modify", me, "--state", "RTR"]);
+        rocectl_json(
+            api,
+            &["qp", "modify", me, "--state", "RTS", "--local-psn", "5"],
+        );
+    }
+    rocectl_json(
+        b,
+        &[
+            "post", "recv", &ub, "--lkey", &kb2, "--addr", &ab2, "--length", "44",
+        ],
+    );
+    let ud = [
+        "post",
+        "send",
+        &ua,
+        "--lkey",
+        &ka2,
+        "--addr",
+        &aa2,
+        "--length",
+        "4",
+        "--ud-gid",
+        "10.89.0.2",
+        "--ud-qpn",
+        &ub,
+        "--ud-qkey",
+        "0x11111111",
+    ];
+    rocectl_json(a, &ud);
+    let (code, out, _) = rocectl(b, &["cq", "poll", "--qp", &ub, "--wait-ms", "5000"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("success") && out.contains(" 44 ") && out.contains(&format!(" {ua}")),
+        "a UD receive: GRH + 4 bytes, from A's QP: {out}"
+    );
+    let ab2_data = (ab2.parse::<u64>().unwrap() + 40).to_string();
+    assert_eq!(
+        rocectl_json(
+            b,
+            &["mr", "read", &kb2, "--addr", &ab2_data, "--length", "4"]
+        )["hex"],
+        "cafef00d"
+    );
+    let (code, _, err) = rocectl(a, &ud[..9]);
+    assert_eq!(code, 1, "a UD send needs its destination: {err}");
+    assert!(err.contains("destination"), "{err}");
+
     // Counters and congestion control.
     let (code, out, _) = rocectl(a, &["stats"]);
     assert_eq!(code, 0);
