@@ -138,6 +138,14 @@ pub struct Path {
 }
 
 impl Path {
+    /// DSCP, ECN and the VLAN tag in range, and both addresses of one IP version.
+    pub fn is_valid(&self) -> bool {
+        self.ecn <= 3
+            && self.dscp < 64
+            && self.local_ip.is_ipv4() == self.remote_ip.is_ipv4()
+            && self.vlan.is_none_or(|(vid, pcp)| vid < 4095 && pcp < 8)
+    }
+
     /// The addressing of simulated endpoints: node `me` is 10.0.0.`me` with MAC
     /// 02:00:00:00:00:`me`, talking to node `other`; DSCP 26, ECT(0), no VLAN.
     pub fn sim(me: u8, other: u8, udp_sport: u16) -> Path {
@@ -430,12 +438,7 @@ impl QpConfig {
             check(v <= MAX_RD_ATOMIC, "max_dest_rd_atomic")?;
         }
         if let Some(p) = a.path {
-            check(p.ecn <= 3 && p.dscp < 64, "path")?;
-            check(p.local_ip.is_ipv4() == p.remote_ip.is_ipv4(), "path")?;
-            check(
-                p.vlan.is_none_or(|(vid, pcp)| vid < 4095 && pcp < 8),
-                "path",
-            )?;
+            check(p.is_valid(), "path")?;
         }
         if let Some(acc) = a.access {
             let allowed = Access::REMOTE_WRITE

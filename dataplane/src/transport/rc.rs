@@ -686,7 +686,7 @@ impl RcQp {
             return Err(WrError::TooManySge.into());
         }
         let ud = self.cfg.qp_type == QpType::Ud;
-        if ud != wr.ud.is_some() {
+        if ud != wr.ud.is_some() || wr.ud.is_some_and(|d| !d.path.is_valid()) {
             return Err(WrError::UdDest.into());
         }
         let mtu = self.cfg.path_mtu.ok_or(PostError::BadState)?;

@@ -1480,6 +1480,11 @@ fn ud_posts_are_checked() {
         ..to_b(send.clone())
     };
     assert!(e(q.post_send(long)).contains("one packet"));
+    let mut mixed = to_b(send.clone());
+    if let Some(d) = mixed.ud.as_mut() {
+        d.path.remote_ip = "fd00::2".parse().unwrap();
+    }
+    assert!(e(q.post_send(mixed)).contains("destination"));
     assert_eq!(q.outstanding(), 0, "refused posts leave nothing behind");
     q.post_send(to_b(send.clone())).unwrap();
     // An RC QP takes no destination.
