@@ -1199,8 +1199,11 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
             f[2] >= f[3] * 0.999 && f[3] > 0.0 && f[4] > 0.0,
             "peak >= average > 0, message rate > 0: {cout}"
         );
+        // (MB/sec is printed to 0.01: for 8-byte atomics at a slow rate that rounding alone
+        // is more than 1%.)
+        let rounding = 0.005 * 1048576.0 / size / 1e6;
         assert!(
-            (f[3] * 1048576.0 / size / 1e6 - f[4]).abs() < 0.01 * f[4],
+            (f[3] * 1048576.0 / size / 1e6 - f[4]).abs() < 0.01 * f[4] + rounding,
             "average bandwidth and message rate agree: {cout}"
         );
         if op == "send" {
