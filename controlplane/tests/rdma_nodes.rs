@@ -1137,6 +1137,24 @@ fn perf_pair(
     (cout, sout)
 }
 
+/// `rocectl pingpong` with `extra` on node `a` as the server and `b` as the client (to
+/// 127.0.0.1): both outputs, each side checked to exit 0.
+fn pingpong_pair(a: &'static str, b: &str, extra: &[&str]) -> (String, String) {
+    let mut sargs = vec!["pingpong".to_string(), "--server".into()];
+    sargs.extend(extra.iter().map(|s| s.to_string()));
+    let server = std::thread::spawn(move || {
+        let v: Vec<&str> = sargs.iter().map(String::as_str).collect();
+        rocectl(a, &v)
+    });
+    let mut cargs = vec!["pingpong", "127.0.0.1"];
+    cargs.extend_from_slice(extra);
+    let (code, cout, err) = rocectl(b, &cargs);
+    assert_eq!(code, 0, "client {extra:?}: {err}");
+    let (code, sout, err) = server.join().unwrap();
+    assert_eq!(code, 0, "server {extra:?}: {err}");
+    (cout, sout)
+}
+
 /// The result line of perftest's bandwidth table: the line after the column header.
 fn result_line(out: &str) -> String {
     let mut lines = out.lines();
@@ -1394,68 +1412,25 @@ fn rocectl_perf_latency_tests_run_against_itself() {
         typical.push((op, size, typ));
     }
     eprintln!("typical latencies (us): {typical:?}");
-    // ibv_rc_pingpong's test and exchange, both roles on ferroce.
-    let server = std::thread::spawn(move || {
-        rocectl(
-            a,
-            &[
-                "pingpong", "--server", "-p", "18720", "-s", "4096", "-n", "500",
-            ],
-        )
-    });
-    let (code, cout, err) = rocectl(
-        b,
-        &[
-            "pingpong",
-            "127.0.0.1",
-            "-p",
-            "18720",
-            "-s",
-            "4096",
-            "-n",
-            "500",
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
-    let (code, sout, err) = server.join().unwrap();
-    assert_eq!(code, 0, "{err}");
-    for out in [&cout, &sout] {
-        assert!(
-            out.contains("4096000 bytes in") && out.contains("500 iters in"),
-            "rc_pingpong's lines: {out}"
-        );
-    }
-    // ibv_ud_pingpong's: UD QPs, the same exchange; a message over the MTU is refused.
-    let server = std::thread::spawn(move || {
-        rocectl(
-            a,
-            &[
-                "pingpong", "--ud", "--server", "-p", "18721", "-s", "1024", "-n", "300",
-            ],
-        )
-    });
-    let (code, cout, err) = rocectl(
-        b,
-        &[
-            "pingpong",
-            "--ud",
-            "127.0.0.1",
-            "-p",
-            "18721",
-            "-s",
-            "1024",
-            "-n",
-            "300",
-        ],
-    );
-    assert_eq!(code, 0, "{err}");
-    let (code, sout, err) = server.join().unwrap();
-    assert_eq!(code, 0, "{err}");
-    for out in [&cout, &sout] {
-        assert!(
-            out.contains("614400 bytes in") && out.contains("300 iters in"),
-            "ud_pingpong's lines: {out}"
-        );
+    // ibv_rc_pingpong's test and exchange, both roles on ferroce; then ibv_ud_pingpong's (UD
+    // QPs, the same exchange); a UD message over the MTU is refused.
+    for (extra, lines) in [
+        (
+            &["-p", "18720", "-s", "4096", "-n", "500"][..],
+            ["4096000 bytes in", "500 iters in"],
+        ),
+        (
+            &["--ud", "-p", "18721", "-s", "1024", "-n", "300"][..],
+            ["614400 bytes in", "300 iters in"],
+        ),
+    ] {
+        let (cout, sout) = pingpong_pair(a, b, extra);
+        for out in [&cout, &sout] {
+            assert!(
+                lines.iter().all(|l| out.contains(l)),
+                "rc/ud_pingpong's lines ({extra:?}): {out}"
+            );
+        }
     }
     let (code, _, err) = rocectl(
         b,
