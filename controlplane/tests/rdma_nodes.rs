@@ -510,6 +510,18 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
         )),
         (409, "stream_refused".into())
     );
+    // Groups start on all their QPs or on none: a QP in RESET refuses the group.
+    assert_eq!(
+        code(a.post(
+            "/v1/streams",
+            json!({"qps": [{"qpn": q}], "wr": {"opcode": "send"}, "count": 1})
+        )),
+        (409, "stream_refused".into())
+    );
+    assert_eq!(
+        code(a.post("/v1/recv-streams", json!({"qpns": [q], "count": 1}))),
+        (409, "stream_refused".into())
+    );
     assert_eq!(code(a.get("/v2/qps")), (404, "not_found".into()));
     // Connected, then connected again: refused, and the QP still works.
     let qb = create_qp(&n.api[1], None);

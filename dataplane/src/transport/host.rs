@@ -1110,25 +1110,36 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
-    /// The slots of `qpns` when every one is here and `can_start` (a group of streams starts
-    /// on all of them or on none); else why not: the first QP that cannot, or no QPs at all.
-    fn all_or_none(
-        &self,
+    /// Starts a group run on `qpns` when every one is here and `can_start` (all of them or
+    /// none): their slots and the group's index. Otherwise `reply` hears why (the first QP
+    /// that cannot, or no QPs at all) and nothing starts.
+    fn start_group(
+        &mut self,
         qpns: impl ExactSizeIterator<Item = u32>,
         can_start: impl Fn(&Slot) -> bool,
         why: &str,
-    ) -> Result<Vec<usize>, String> {
+        now: crate::time::Instant,
+        reply: Sender<Result<StreamResult, String>>,
+    ) -> Option<(Vec<usize>, usize)> {
         let mut slots = Vec::with_capacity(qpns.len());
         for qpn in qpns {
             let ok = self
                 .index(qpn)
                 .filter(|&i| self.slots[i].as_ref().is_some_and(&can_start));
-            slots.push(ok.ok_or_else(|| format!("QP {qpn} is not here, {why}"))?);
+            match ok {
+                Some(i) => slots.push(i),
+                None => {
+                    let _ = reply.send(Err(format!("QP {qpn} is not here, {why}")));
+                    return None;
+                }
+            }
         }
         if slots.is_empty() {
-            return Err("no QPs".into());
+            let _ = reply.send(Err("no QPs".into()));
+            return None;
         }
-        Ok(slots)
+        let g = self.new_group(slots.len(), now, reply);
+        Some((slots, g))
     }
 
     /// Gives a received frame to the QP it names on this shard.
@@ -1655,18 +1666,15 @@ impl<B: PacketBuf> RdmaHost<B> {
                 duration,
                 reply,
             } => {
-                let slots = match self.all_or_none(
+                let Some((slots, g)) = self.start_group(
                     qps.iter().map(|q| q.0),
                     |s| s.stream.is_none() && s.qp.cfg.state == super::qp::QpState::Rts,
                     "not in RTS or already streaming",
-                ) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return;
-                    }
+                    now,
+                    reply,
+                ) else {
+                    return;
                 };
-                let g = self.new_group(slots.len(), now, reply);
                 for (&i, (_, wr)) in slots.iter().zip(qps) {
                     if let Some(s) = self.slots[i].as_mut() {
                         s.stream = Some(Stream::new(
@@ -1723,7 +1731,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 posted,
                 reply,
             } => {
-                let slots = match self.all_or_none(
+                let Some((slots, g)) = self.start_group(
                     qpns.iter().copied(),
                     |s| {
                         let connected = matches!(
@@ -1733,14 +1741,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                         s.rstream.is_none() && s.lat.is_none() && connected
                     },
                     "not connected or already receiving a test",
-                ) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return;
-                    }
+                    now,
+                    reply,
+                ) else {
+                    return;
                 };
-                let g = self.new_group(slots.len(), now, reply);
                 for &i in &slots {
                     if let Some(s) = self.slots[i].as_mut() {
                         s.rstream = Some(RecvStream {
