@@ -251,10 +251,15 @@ impl Node {
         Ok(Node { child, api })
     }
 
-    /// Stops it (SIGTERM, then SIGKILL after 20 s) and waits.
-    pub fn stop(mut self) {
+    /// Sends SIGTERM without waiting (to stop several nodes together).
+    pub fn signal_stop(&self) {
         // SAFETY: kill(2) on a child we started and have not reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL after 20 s) and waits.
+    pub fn stop(mut self) {
+        self.signal_stop();
         wait_or_kill(&mut self.child, Duration::from_secs(20));
     }
 }
@@ -323,8 +328,11 @@ impl MemifPair {
         Ok(pair)
     }
 
-    /// Stops both and removes what DPDK and memif left behind.
+    /// Stops both together (roced orders the closes of a memif link between nodes stopped
+    /// together) and removes what DPDK and memif left behind.
     pub fn stop(self) {
+        self.a.signal_stop();
+        self.b.signal_stop();
         self.a.stop();
         self.b.stop();
         remove_runtime_dir(&format!("ferroce-{}-a", self.tag));

@@ -201,6 +201,31 @@ pub struct PortPlan {
     pub device_name: String,
     /// MTU.
     pub mtu: u16,
+    /// A memif port, and which side of it this node is.
+    pub memif: Option<MemifRole>,
+}
+
+/// Which side of a memif connection a port is (the vdev's `role`, server by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemifRole {
+    /// Listens on the socket.
+    Server,
+    /// Connects to the server's socket.
+    Client,
+}
+
+/// The memif role a device string gives, if it is a memif vdev.
+fn memif_role(device: &str) -> Option<MemifRole> {
+    let mut parts = device.split(',');
+    if !parts.next()?.starts_with("net_memif") {
+        return None;
+    }
+    let client = parts.any(|kv| matches!(kv.trim(), "role=client" | "role=slave"));
+    Some(if client {
+        MemifRole::Client
+    } else {
+        MemifRole::Server
+    })
 }
 
 /// A configuration checked whole, ready to start.
@@ -475,6 +500,7 @@ impl Config {
             ports.push(PortPlan {
                 device_name,
                 mtu: p.mtu,
+                memif: memif_role(&p.device),
             });
         }
         for (i, r) in self.routes.iter().enumerate() {
@@ -691,6 +717,23 @@ mod tests {
         let own = format!("{d},bsize=16384");
         assert_eq!(memif_buffers(&own, 9000), own, "a bsize given is kept");
         assert_eq!(memif_buffers("net_ring0", 9000), "net_ring0");
+    }
+
+    #[test]
+    fn memif_ports_know_their_side() {
+        assert_eq!(memif_role("net_memif0"), Some(MemifRole::Server));
+        assert_eq!(
+            memif_role("net_memif0,role=server,socket=/run/x.sock"),
+            Some(MemifRole::Server)
+        );
+        assert_eq!(
+            memif_role("net_memif1,socket=/run/x.sock,role=client"),
+            Some(MemifRole::Client)
+        );
+        assert_eq!(memif_role("net_memif0,role=slave"), Some(MemifRole::Client));
+        assert_eq!(memif_role("net_ring0,role=client"), None);
+        let plan = Config::embedded().plan().unwrap();
+        assert_eq!(plan.ports[0].memif, Some(MemifRole::Server));
     }
 
     #[test]

@@ -76,6 +76,8 @@ fn two_nodes_over_memif_exchange_frames_and_stop_cleanly() {
         "pings did not complete:\n{}",
         a.log_text()
     );
+    a.signal_stop();
+    b.signal_stop();
     let (code_b, rb, log_b) = b.terminate();
     let (code_a, ra, log_a) = a.terminate();
     assert_eq!(code_a, 0, "node A exit\n{log_a}");
@@ -167,6 +169,8 @@ fn two_nodes_talk_on_their_vlan_and_not_across_vlans() {
             "echo reply from=10.88.0.2 seq=2",
             Duration::from_secs(if works { 20 } else { 4 }),
         );
+        a.signal_stop();
+        b.signal_stop();
         let (_, rb, _) = b.terminate();
         let (code, ra, log) = a.terminate();
         assert_eq!(code, 0, "{log}");

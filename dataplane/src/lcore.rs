@@ -9,7 +9,7 @@ use crate::counters::{DropReason, LcoreCounters};
 use crate::hint::prefetch;
 use crate::port::{Burst, PortInfo, PortQueue};
 use crate::{PacketBuf, time::Instant};
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 
 /// Iterations between two looks at the command channel. Looking costs about as much as an
@@ -82,6 +82,13 @@ impl Clock for ManualClock {
 pub enum Command<C> {
     /// Leave the loop: drop everything held and return.
     Stop,
+    /// Stop touching the ports, keep taking commands: no more rx or tx bursts (what the handler
+    /// sends from now on is dropped and counted as [`DropReason::Shutdown`]). The sender is
+    /// answered once the worker is between burst calls and will make no more. A node sends it
+    /// before it closes its ports at a stop: DPDK 22.11's memif driver unmaps a port's rings
+    /// when the peer disconnects, from its interrupt thread, with nothing to keep an lcore
+    /// that is inside a burst call from reading them.
+    Detach(Sender<()>),
     /// A command for the handler.
     Handler(C),
 }
@@ -95,6 +102,8 @@ pub struct Io<'a, Q: PortQueue> {
     tx: &'a mut [Burst<Q::Buf>],
     /// This lcore's counters.
     pub counters: &'a LcoreCounters,
+    /// The worker has detached from its ports ([`Command::Detach`]): nothing is sent.
+    detached: bool,
 }
 
 impl<'a, Q: PortQueue> Io<'a, Q> {
@@ -122,6 +131,10 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// ask [`Io::can_send`] first.
     #[inline]
     pub fn send(&mut self, port: usize, buf: Q::Buf) {
+        if self.detached {
+            self.drop_frame(DropReason::Shutdown, buf);
+            return;
+        }
         if self.tx[port].is_full() {
             flush(&mut self.queues[port], &mut self.tx[port], self.counters);
             if self.tx[port].is_full() {
@@ -138,6 +151,9 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// nothing (backpressure instead of drops).
     #[inline]
     pub fn can_send(&mut self, port: usize) -> bool {
+        if self.detached {
+            return false;
+        }
         if self.tx[port].is_full() {
             flush(&mut self.queues[port], &mut self.tx[port], self.counters);
         }
@@ -148,6 +164,12 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// `burst` empty (what the port refuses is dropped and counted). No frame is moved.
     #[inline]
     pub fn transmit(&mut self, port: usize, burst: &mut Burst<Q::Buf>) {
+        if self.detached {
+            self.counters
+                .count_drop(DropReason::Shutdown, burst.len() as u64);
+            burst.clear();
+            return;
+        }
         if !self.tx[port].is_empty() {
             flush(&mut self.queues[port], &mut self.tx[port], self.counters);
         }
@@ -218,6 +240,8 @@ pub struct Worker<Q: PortQueue, H: Handler<Q>, K> {
     idle_streak: u32,
     /// Sleep this long once idle for [`IDLE_SPINS`] iterations (None: always spin).
     idle_sleep: Option<core::time::Duration>,
+    /// No more bursts on the ports ([`Command::Detach`]).
+    detached: bool,
 }
 
 /// Idle iterations before a worker with an idle sleep set sleeps.
@@ -251,6 +275,7 @@ where
             since_commands: 0,
             idle_streak: 0,
             idle_sleep: None,
+            detached: false,
         }
     }
 
@@ -288,7 +313,8 @@ where
             Instant::ZERO
         };
         let mut work = 0usize;
-        for port in 0..self.queues.len() {
+        let ports = if self.detached { 0 } else { self.queues.len() };
+        for port in 0..ports {
             // Several bursts while they come back full: a sender with many QPs queues a port's
             // worth of frames per iteration, and their ACKs must drain as fast (one burst
             // per iteration let 100k QPs' ACKs wait past the ACK timeout).
@@ -306,6 +332,7 @@ where
                 queues: &mut self.queues,
                 tx: &mut self.tx,
                 counters: &self.counters,
+                detached: self.detached,
             };
             self.handler.on_poll(&mut io);
         }
@@ -321,8 +348,10 @@ where
             self.since_commands = 0;
             keep_going = self.poll_commands();
         }
-        for port in 0..self.queues.len() {
-            work += flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
+        if !self.detached {
+            for port in 0..self.queues.len() {
+                work += flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
+            }
         }
         if work == 0 {
             self.counters.idle_loops.inc();
@@ -350,6 +379,7 @@ where
             queues: &mut self.queues,
             tx: &mut self.tx,
             counters: &self.counters,
+            detached: false,
         };
         self.handler.on_burst(port, rx, &mut io);
         debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
@@ -381,6 +411,14 @@ where
         loop {
             match self.commands.try_recv() {
                 Ok(Command::Stop) => return false,
+                Ok(Command::Detach(done)) => {
+                    self.detached = true;
+                    for tx in &mut self.tx {
+                        counters.count_drop(DropReason::Shutdown, tx.len() as u64);
+                        tx.clear();
+                    }
+                    let _ = done.send(());
+                }
                 Ok(Command::Handler(c)) => {
                     counters.commands.inc();
                     let mut io = Io {
@@ -388,6 +426,7 @@ where
                         queues: &mut self.queues,
                         tx: &mut self.tx,
                         counters,
+                        detached: self.detached,
                     };
                     self.handler.on_command(c, &mut io);
                 }
@@ -504,5 +543,74 @@ mod tests {
         assert_eq!(counters.rx_packets.get(), 10);
         assert_eq!(counters.tx_packets.get(), 10);
         assert_eq!(counters.tx_bytes.get(), 600);
+    }
+
+    /// Sends one 60-byte frame on port 0 per command, and reflects nothing.
+    struct SendOnCommand;
+
+    impl<Q: PortQueue> Handler<Q> for SendOnCommand {
+        type Command = ();
+
+        fn on_burst(&mut self, _port: usize, burst: &mut Burst<Q::Buf>, _io: &mut Io<'_, Q>) {
+            burst.clear();
+        }
+
+        fn on_command(&mut self, _cmd: (), io: &mut Io<'_, Q>) {
+            if let Some(mut b) = io.alloc(0) {
+                b.append(60).expect("room for 60 bytes");
+                io.send(0, b);
+            }
+        }
+    }
+
+    #[test]
+    fn a_detached_worker_neither_receives_nor_sends_but_still_takes_commands() {
+        let (dut, mut host) = link(info(0), info(1), 64);
+        let (tx, rx) = unbounded();
+        let counters = Arc::new(LcoreCounters::default());
+        let w = Worker::new(
+            LcoreId(0),
+            vec![dut],
+            SendOnCommand,
+            StdClock::new(),
+            counters.clone(),
+            rx,
+        );
+        let t = std::thread::spawn(move || w.run());
+        // Attached: a command's frame goes out, a frame sent in is received.
+        tx.send(Command::Handler(())).unwrap();
+        assert!(host.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        assert!(host.send_frame(&[0u8; 60]));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while counters.rx_packets.get() < 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(counters.rx_packets.get(), 1);
+        // Detached: the answer comes, then nothing moves on the port either way.
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        tx.send(Command::Detach(done_tx)).unwrap();
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("detach answered");
+        for _ in 0..3 {
+            tx.send(Command::Handler(())).unwrap();
+            assert!(host.send_frame(&[0u8; 60]));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while counters.commands.get() < 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(counters.commands.get(), 4, "commands are still taken");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(host.recv_frame(), None, "nothing sent after detaching");
+        assert_eq!(counters.drops(DropReason::Shutdown), 3);
+        assert_eq!(
+            counters.rx_packets.get(),
+            1,
+            "nothing received after detaching"
+        );
+        assert_eq!(counters.tx_packets.get(), 1);
+        tx.send(Command::Stop).unwrap();
+        assert_eq!(t.join().unwrap().len(), 1);
     }
 }

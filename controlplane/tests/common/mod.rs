@@ -143,6 +143,15 @@ impl Roced {
         false
     }
 
+    /// Sends SIGTERM without waiting. Nodes joined by memif are stopped together (signal all,
+    /// then `terminate` each): roced orders the two closes of a memif link between nodes that
+    /// stop together (DPDK's memif driver is not safe against a disconnect under a polling
+    /// lcore), not between a node that stops and one that goes on.
+    pub fn signal_stop(&self) {
+        // SAFETY: kill(2) on the PID of a child we started and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
     /// Sends SIGTERM and waits for the exit; returns the exit code and the report.
     pub fn terminate(mut self) -> (i32, serde_json::Value, String) {
         // SAFETY: kill(2) on the PID of a child we started and have not reaped.

@@ -60,6 +60,9 @@ impl Cluster {
     /// Stops every node; each must exit 0 with every mbuf back. Their reports, in order.
     pub fn stop(mut self) -> Vec<Value> {
         let mut out = Vec::new();
+        for r in self.nodes.iter().flatten() {
+            r.signal_stop();
+        }
         for r in self.nodes.iter_mut() {
             let (code, report, log) = r.take().unwrap().terminate();
             assert_eq!(code, 0, "roced exited {code}:\n{log}");
