@@ -502,6 +502,33 @@ mod tests {
         PortInfo::virtual_port(i, 1500)
     }
 
+    type Spawned = (
+        crossbeam_channel::Sender<Command<()>>,
+        Arc<LcoreCounters>,
+        crate::port::mem::MemQueue,
+        std::thread::JoinHandle<Vec<crate::port::mem::MemQueue>>,
+    );
+
+    /// A worker running `handler` on a thread over one in-memory link: its command channel,
+    /// counters, the link's far end and the thread.
+    fn spawn_worker<H>(handler: H) -> Spawned
+    where
+        H: Handler<crate::port::mem::MemQueue, Command = ()> + 'static,
+    {
+        let (dut, host) = link(info(0), info(1), 64);
+        let (tx, rx) = unbounded();
+        let counters = Arc::new(LcoreCounters::default());
+        let w = Worker::new(
+            LcoreId(0),
+            vec![dut],
+            handler,
+            StdClock::new(),
+            counters.clone(),
+            rx,
+        );
+        (tx, counters, host, std::thread::spawn(move || w.run()))
+    }
+
     #[test]
     fn swap_macs_swaps_exactly_the_two_addresses() {
         let mut f: Vec<u8> = (0..20).collect();
@@ -512,18 +539,7 @@ mod tests {
 
     #[test]
     fn macswap_worker_reflects_frames_and_stops_on_command() {
-        let (dut, mut host) = link(info(0), info(1), 64);
-        let (tx, rx) = unbounded();
-        let counters = Arc::new(LcoreCounters::default());
-        let w = Worker::new(
-            LcoreId(0),
-            vec![dut],
-            MacSwap,
-            StdClock::new(),
-            counters.clone(),
-            rx,
-        );
-        let t = std::thread::spawn(move || w.run());
+        let (tx, counters, mut host, t) = spawn_worker(MacSwap);
         let mut frame = [0u8; 60];
         frame[0..6].copy_from_slice(&[1; 6]);
         frame[6..12].copy_from_slice(&[2; 6]);
@@ -565,18 +581,7 @@ mod tests {
 
     #[test]
     fn a_detached_worker_neither_receives_nor_sends_but_still_takes_commands() {
-        let (dut, mut host) = link(info(0), info(1), 64);
-        let (tx, rx) = unbounded();
-        let counters = Arc::new(LcoreCounters::default());
-        let w = Worker::new(
-            LcoreId(0),
-            vec![dut],
-            SendOnCommand,
-            StdClock::new(),
-            counters.clone(),
-            rx,
-        );
-        let t = std::thread::spawn(move || w.run());
+        let (tx, counters, mut host, t) = spawn_worker(SendOnCommand);
         // Attached: a command's frame goes out, a frame sent in is received.
         tx.send(Command::Handler(())).unwrap();
         assert!(host.recv_frame_timeout(Duration::from_secs(5)).is_some());
