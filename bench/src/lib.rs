@@ -27,7 +27,11 @@ impl Testpmd {
         log: &Path,
     ) -> std::io::Result<Testpmd> {
         let out = std::fs::File::create(log)?;
-        let mut child = Command::new("dpdk-testpmd")
+        // Line-buffered through stdbuf (coreutils): testpmd's stdout to a file is otherwise
+        // block-buffered, and a testpmd killed for hanging at quit (seen after a memif run:
+        // 2 report runs in 8 this morning) took its `show port stats` output with it.
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "-eL", "dpdk-testpmd"])
             .args(eal)
             .arg(format!("--file-prefix={prefix}"))
             .arg("--")
@@ -59,13 +63,20 @@ impl Testpmd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Quits and waits (killing it after `timeout`).
+    /// Quits and waits (killing it after `timeout`, which its output then says).
     pub fn quit(mut self, timeout: Duration) -> String {
         self.cmd("quit");
         self.stdin = None;
-        wait_or_kill(&mut self.child, timeout);
+        let exited = wait_or_kill(&mut self.child, timeout);
         remove_runtime_dir(&self.prefix);
-        self.output()
+        let mut out = self.output();
+        if !exited {
+            out.push_str(&format!(
+                "\n(killed: dpdk-testpmd had not quit {} s after `quit`)\n",
+                timeout.as_secs()
+            ));
+        }
+        out
     }
 }
 
@@ -215,9 +226,13 @@ pub fn memif_testpmd_rate(
     let out = rx.quit(Duration::from_secs(10));
     remove_runtime_dir("ferroce-bench-tx");
     remove_runtime_dir("ferroce-bench-rx");
-    last_rx_pps(&out)
-        .filter(|r| *r > 0.0)
-        .ok_or_else(|| format!("no Rx-pps from testpmd at {frame} B ({tag})"))
+    last_rx_pps(&out).filter(|r| *r > 0.0).ok_or_else(|| {
+        let tail: Vec<&str> = out.lines().rev().take(6).collect();
+        format!(
+            "no Rx-pps from testpmd at {frame} B ({tag}); the receiver's last lines: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+        )
+    })
 }
 
 /// A roced child process with its API address.
