@@ -1375,32 +1375,72 @@ struct RecvStreamBody {
     wr_id: u64,
     #[serde(default)]
     sge: Vec<SgeBody>,
-    count: u64,
+    #[serde(default)]
+    count: Option<u64>,
     #[serde(default)]
     posted: u64,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// Count what arrives within this long of the first arrival instead (perftest's -D).
+    #[serde(default)]
+    duration_ms: Option<u64>,
     /// /v1/recv-streams only: the QPs.
     #[serde(default)]
     qpns: Option<Vec<u32>>,
 }
 
+/// A receive stream as the lcore takes it: the receive to repost, the count (or the
+/// duration), the receives already posted, and how long the API waits.
+struct RecvStreamRun {
+    recv: RecvWr,
+    count: u64,
+    posted: u64,
+    duration: Option<Duration>,
+    wait: Duration,
+}
+
 impl RecvStreamBody {
-    /// The receive to repost and how long to wait, or what is wrong.
-    fn checked(&self) -> Result<(RecvWr, Duration), ApiError> {
+    /// The run, or what is wrong.
+    fn checked(&self) -> Result<RecvStreamRun, ApiError> {
         let wait_ms = self.timeout_ms.unwrap_or(60_000);
-        if !(1..=100_000_000).contains(&self.count) || self.posted > self.count || wait_ms > 600_000
-        {
-            return Err(ApiError::bad(
-                "bad_wr",
-                "count is 1 to 100000000, posted at most count, timeout_ms at most 600000",
-            ));
+        if wait_ms > 600_000 {
+            return Err(ApiError::bad("bad_wr", "timeout_ms is at most 600000"));
         }
+        let (count, duration) = match (self.count, self.duration_ms) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad(
+                    "bad_wr",
+                    "give count or duration_ms, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ApiError::bad("bad_wr", "count or duration_ms is required"));
+            }
+            (Some(c), None) if (1..=100_000_000).contains(&c) && self.posted <= c => (c, None),
+            (Some(_), None) => {
+                return Err(ApiError::bad(
+                    "bad_wr",
+                    "count is 1 to 100000000, posted at most count",
+                ));
+            }
+            (None, Some(ms)) if (1..=600_000).contains(&ms) => {
+                (u64::MAX, Some(Duration::from_millis(ms)))
+            }
+            (None, Some(_)) => {
+                return Err(ApiError::bad("bad_wr", "duration_ms is 1 to 600000"));
+            }
+        };
         let recv = RecvWr {
             wr_id: self.wr_id,
             sg: sg_list(&self.sge)?,
         };
-        Ok((recv, Duration::from_millis(wait_ms)))
+        Ok(RecvStreamRun {
+            recv,
+            count,
+            posted: self.posted,
+            duration,
+            wait: Duration::from_millis(wait_ms),
+        })
     }
 }
 
@@ -1418,20 +1458,36 @@ async fn qp_recv_stream(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b
     if b.qpns.is_some() {
         return Err(ApiError::bad("bad_wr", "qpns belongs to /v1/recv-streams"));
     }
-    let (recv, wait) = b.checked()?;
-    let (count, posted) = (b.count, b.posted);
-    stream_result(blocking(move || s.rdma.recv_stream(qpn, recv, count, posted, wait)).await?)
+    let run = b.checked()?;
+    stream_result(
+        blocking(move || {
+            s.rdma
+                .recv_stream(qpn, run.recv, run.count, run.posted, run.duration, run.wait)
+        })
+        .await?,
+    )
 }
 
 async fn recv_streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let b: RecvStreamBody = body(&b)?;
-    let (recv, wait) = b.checked()?;
+    let run = b.checked()?;
     let qpns = b.qpns.unwrap_or_default();
     if qpns.is_empty() || qpns.len() > MAX_BULK {
         return Err(ApiError::bad("bad_wr", format!("qpns: 1 to {MAX_BULK}")));
     }
-    let (count, posted) = (b.count, b.posted);
-    stream_result(blocking(move || s.rdma.recv_streams(qpns, recv, count, posted, wait)).await?)
+    stream_result(
+        blocking(move || {
+            s.rdma.recv_streams(
+                qpns,
+                run.recv,
+                run.count,
+                run.posted,
+                run.duration,
+                run.wait,
+            )
+        })
+        .await?,
+    )
 }
 
 /// Largest latency test the API runs (its result lists every iteration).

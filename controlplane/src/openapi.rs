@@ -195,7 +195,10 @@ pub fn document() -> Value {
             "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}}});
     // The receive-stream body (one QP in the path, or several in `qpns`) and its answer.
     let recv_stream_props = json!({"wr_id": u64s, "sge": {"type": "array", "items": sge.clone(), "maxItems": 4},
-        "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
+        "count": {"type": "integer", "minimum": 1, "maximum": 100000000,
+            "description": "messages to receive; count or duration_ms is required"},
+        "duration_ms": {"type": "integer", "minimum": 1, "maximum": 600000,
+            "description": "instead of count: count what arrives within this long of the first arrival, keep reposting 1 s more, then answer (perftest's -D)"},
         "posted": u64s,
         "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}});
     let mut recv_streams_props = recv_stream_props.clone();
@@ -203,7 +206,7 @@ pub fn document() -> Value {
         json!({"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s});
     let recv_stream_done = json_ok(
         200,
-        "done: from the first arrival to the last",
+        "done: from the first arrival to the last (timed: the window)",
         json!({"type": "object", "properties": {
         "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
         "best_ns_per_wr": {"type": "number", "nullable": true}}}),
@@ -211,12 +214,12 @@ pub fn document() -> Value {
     );
     let recv_stream_path = json!({"post": op("The QP's lcore receives `count` messages itself, `posted` receives of this one already posted, reposting as they complete (perftest's SEND bandwidth server)",
         vec![qpn()],
-        Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
+        Some(body(json!({"type": "object", "additionalProperties": false,
             "properties": recv_stream_props}))),
         recv_stream_done.clone())});
     let recv_streams_path = json!({"post": op("Receive streams on several QPs of one lcore at once (a SEND bandwidth server with several QPs): `count` messages and `posted` receives on each; the sum, from the first arrival on any to the last",
         vec![],
-        Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns", "count"],
+        Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns"],
             "properties": recv_streams_props}))),
         recv_stream_done)});
     let bulk_path = json!({"post": op("Create `count` RC QPs (in RESET) on one lcore, all or none: a perftest run with several QPs",

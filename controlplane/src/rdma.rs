@@ -1395,13 +1395,15 @@ impl Rdma {
     }
 
     /// Receives `count` messages on the QP's lcore, `posted` receives of `recv` already
-    /// there (see `RdmaCommand::RecvStream`); waits up to `wait`.
+    /// there, or counts arrivals for `duration` (see `RdmaCommand::RecvStream`); waits up
+    /// to `wait`.
     pub fn recv_stream(
         &self,
         qpn: u32,
         recv: RecvWr,
         count: u64,
         posted: u64,
+        duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
         let recv = Box::new(recv);
@@ -1412,6 +1414,7 @@ impl Rdma {
                 recv,
                 count,
                 posted,
+                duration,
                 reply,
             }
         })
@@ -1424,6 +1427,7 @@ impl Rdma {
         recv: RecvWr,
         count: u64,
         posted: u64,
+        duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
         let first = self.one_lcore(qpns.iter().copied(), "receive stream")?;
@@ -1435,6 +1439,7 @@ impl Rdma {
                 recv,
                 count,
                 posted,
+                duration,
                 reply,
             }
         })

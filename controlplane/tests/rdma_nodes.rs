@@ -1276,6 +1276,27 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
         .collect();
     assert!(f[0] == 4096.0 && f[1] > 100.0 && f[3] > 0.0, "{cout}");
     assert_eq!(result_line(&sout), result_line(&cout), "{sout}");
+    // SEND with -D, on 1 and 2 QPs: the server counts what arrives within one second of the
+    // first arrival on its own receive streams (perftest's SEND server prints its own
+    // figures): some, and not more than the client completed.
+    for qps in ["1", "2"] {
+        oob += 1;
+        let (cout, sout) = perf_pair(
+            a,
+            b,
+            &["send", "bw"],
+            &["-s", "4096", "-D", "1", "-q", qps],
+            oob,
+        );
+        let field =
+            |line: &str, k: usize| -> f64 { line.split(' ').nth(k).unwrap().parse().unwrap() };
+        let (c, s) = (result_line(&cout), result_line(&sout));
+        assert!(field(&c, 0) == 4096.0 && field(&c, 1) > 100.0, "{cout}");
+        assert!(
+            field(&s, 1) > 100.0 && field(&s, 1) <= field(&c, 1) && field(&s, 3) > 0.0,
+            "-q {qps}: server {s}, client {c}"
+        );
+    }
     // Inline (-I): 64-byte WRITEs and SENDs go inline (the QPs are created with room for
     // them); both complete and the header says so.
     for op in ["write", "send"] {
@@ -1293,7 +1314,7 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
     }
     for bad in [
         &["perf", "write", "bw", "-I", "513", "127.0.0.1"][..],
-        &["perf", "send", "bw", "-D", "1", "127.0.0.1"],
+        &["perf", "send", "lat", "-D", "1", "127.0.0.1"],
         &["perf", "write", "lat", "-D", "1", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "1", "-n", "5", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "0", "127.0.0.1"],

@@ -97,6 +97,8 @@ CASES = [
     case("read_bw 1MiB mtu4096", "ib_read_bw -s 1048576 -n 10 -m 4096",
          "read bw -s 1M -n 10 -m 4096"),
     case("send_bw 4KiB", "ib_send_bw -s 4096 -n 500 -m 1024", "send bw -s 4096 -n 500 -m 1024"),
+    case("send_bw 4KiB -D 2s", "ib_send_bw -s 4096 -D 2 -m 1024",
+         "send bw -s 4096 -D 2 -m 1024"),
     case("send_bw 4KiB -q 4", "ib_send_bw -s 4096 -n 200 -m 1024 -q 4",
          "send bw -s 4096 -n 200 -m 1024 -q 4"),
     case("send_bw 1B", "ib_send_bw -s 1 -n 500 -m 1024", "send bw -s 1 -n 500 -m 1024"),
@@ -249,10 +251,12 @@ def exit_of(out):
     return m.group(1) if m else "?"
 
 
-def check(client, server, lat, pingpong=False):
+def check(client, server, lat, pingpong=False, own_count=False):
     """The client's result line shows traffic, and the server's (where perftest prints one:
-    not the servers of READ and ATOMIC latency) agrees on size and iterations. For
-    rc_pingpong: both sides print the same number of iterations."""
+    not the servers of READ and ATOMIC latency) agrees on size and iterations (own_count: a
+    SEND server with -D counts its own arrivals over its own window, which starts at the
+    first one, while the client counts completions over its window: the two agree within
+    half either way). For rc_pingpong: both sides print the same number of iterations."""
     if pingpong:
         mc, ms = PINGPONG.search(client), PINGPONG.search(server)
         if not mc or not ms:
@@ -263,7 +267,9 @@ def check(client, server, lat, pingpong=False):
     rc, rs = result(client), result(server)
     if not rc or len(rc) < 5:
         return False, "no result line from the client"
-    if rs and rs[:2] != rc[:2]:
+    if rs and own_count and not (rs[0] == rc[0] and 0.5 * rc[1] <= rs[1] <= 1.5 * rc[1]):
+        return False, "server's count: %s vs the client's %s" % (rs[:2], rc[:2])
+    if rs and not own_count and rs[:2] != rc[:2]:
         return False, "sides disagree: %s vs %s" % (rc[:2], rs[:2])
     if lat:
         if len(rc) != 9 or not 0 < rc[2] <= rc[4] <= rc[3]:
@@ -308,6 +314,7 @@ def run_case(vm, c):
     if not pingpong:
         ctl_cmd = "perf " + ctl_cmd
     lat = "_lat" in name
+    own = tool.startswith("ib_send_bw") and " -D " in tool
     out = []
     if c["netem"]:
         vm.run("tc qdisc replace dev eth0 root netem %s" % c["netem"])
@@ -319,7 +326,7 @@ def run_case(vm, c):
         r = ctl("%s %s --timeout 60" % (ctl_cmd, vm.ip), check=False)
         srv = vm_server_result(vm)
         ok = r.returncode == 0 and exit_of(srv) == "0"
-        ok2, why = check(r.stdout, srv, lat, pingpong) if ok else (False, "exit %d / %s: %s" % (
+        ok2, why = check(r.stdout, srv, lat, pingpong, own) if ok else (False, "exit %d / %s: %s" % (
             r.returncode, exit_of(srv), r.stderr.strip()[-300:]))
         out.append(("ferroce client -> rxe server", ok and ok2, why, r.stdout + r.stderr, srv))
         if pingpong:
@@ -327,22 +334,25 @@ def run_case(vm, c):
             time.sleep(0.5)
         # The VM is the client, ferroce serves.
         cnp0 = counter("np_cnp_sent") if c["cnp"] else 0
+        # No shell between us and rocectl (ip execs it), so a kill below reaches rocectl and
+        # its end of the pipe closes (a killed shell left rocectl holding it: a hang).
         p = subprocess.Popen(
-            "ip netns exec %s %s --api %s %s --server --timeout 60"
-            % (peer.NS, ROCECTL, API, ctl_cmd),
-            shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            ["ip", "netns", "exec", peer.NS, ROCECTL, "--api", API]
+            + ctl_cmd.split() + ["--server", "--timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(100):
             if ":18515 " in peer.nsx("ss -ltn", check=False):
                 break
             time.sleep(0.1)
-        _, cout = vm.run("timeout 120 %s%s %s; echo EXIT=$?" % (tool, flags, peer.HOST_IP), 150)
+        _, cout = vm.run("timeout -k 5 120 %s%s %s; echo EXIT=$?" % (tool, flags, peer.HOST_IP),
+                         150)
         try:
             sout = p.communicate(timeout=30)[0]
         except subprocess.TimeoutExpired:
             p.kill()
             sout = p.communicate()[0] + "\n(rocectl killed: no exit)"
         ok = p.returncode == 0 and exit_of(cout) == "0"
-        ok2, why = check(cout, sout, lat, pingpong) if ok else (False, "exit %s / %s" % (
+        ok2, why = check(cout, sout, lat, pingpong, own) if ok else (False, "exit %s / %s" % (
             exit_of(cout), p.returncode))
         if ok2 and c["cnp"]:
             cnps = counter("np_cnp_sent") - cnp0

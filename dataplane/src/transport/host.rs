@@ -297,7 +297,11 @@ pub enum RdmaCommand {
     /// Receives `count` messages on the lcore itself (perftest's SEND bandwidth server):
     /// `posted` receives of `recv` are already posted, and each completed one is reposted
     /// while more are needed; replies when all have arrived. The QP's receive completions go
-    /// to the stream meanwhile.
+    /// to the stream meanwhile. With a `duration` (perftest's -D) `count` is ignored and the
+    /// stream keeps time as perftest's SEND server does: from the first arrival it waits a
+    /// margin (a quarter of the whole seconds of `duration`), counts what arrives for
+    /// `duration`, keeps reposting for the margin and [`RECV_DRAIN`] more (so the sender's
+    /// last messages find receives), then replies.
     RecvStream {
         /// The QP.
         qpn: u32,
@@ -307,6 +311,8 @@ pub enum RdmaCommand {
         count: u64,
         /// Receives posted before.
         posted: u64,
+        /// Count arrivals for this long instead.
+        duration: Option<core::time::Duration>,
         /// The result (elapsed from the first arrival to the last), or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
@@ -322,6 +328,8 @@ pub enum RdmaCommand {
         count: u64,
         /// Receives posted before on each.
         posted: u64,
+        /// Count arrivals for this long instead (from the first arrival on each QP).
+        duration: Option<core::time::Duration>,
         /// The result, or why it could not start.
         reply: Sender<Result<StreamResult, String>>,
     },
@@ -595,6 +603,13 @@ struct StreamGroup {
 struct RecvStream {
     recv: RecvWr,
     count: u64,
+    /// A timed stream's window in ns (perftest's -D): arrivals are counted within it, after
+    /// a margin from the first one; `count` is unused.
+    window_ns: Option<u64>,
+    /// A timed stream's margin in ns before and after its window.
+    margin_ns: u64,
+    /// Arrivals outside a timed stream's window (received and reposted, not counted).
+    uncounted: u64,
     /// Receives posted so far, before and during the stream.
     posted: u64,
     done: u64,
@@ -602,6 +617,64 @@ struct RecvStream {
     first: Option<crate::time::Instant>,
     best_ns_per_wr: f64,
     reply: StreamReply,
+}
+
+/// How long a timed receive stream keeps reposting after its window: the sender's last
+/// messages, posted up to its own deadline, must still find receives (a sender's run ends
+/// when everything it posted has completed).
+pub const RECV_DRAIN: core::time::Duration = core::time::Duration::from_secs(1);
+
+impl RecvStream {
+    fn new(
+        recv: RecvWr,
+        count: u64,
+        posted: u64,
+        duration: Option<core::time::Duration>,
+        reply: StreamReply,
+    ) -> Self {
+        RecvStream {
+            recv,
+            count,
+            window_ns: duration.map(|d| d.as_nanos().min(u64::MAX as u128) as u64),
+            // perftest: margin = duration / 4, in whole seconds.
+            margin_ns: duration.map_or(0, |d| d.as_secs() / 4 * 1_000_000_000),
+            uncounted: 0,
+            posted,
+            done: 0,
+            errors: 0,
+            first: None,
+            best_ns_per_wr: f64::INFINITY,
+            reply,
+        }
+    }
+
+    /// What it has not received, as errors: the rest of the count, or for a timed stream
+    /// that was cut short, one.
+    fn undone(&self) -> u64 {
+        match self.window_ns {
+            Some(_) => 1,
+            None => self.count - self.done,
+        }
+    }
+
+    /// Whether it wants another receive posted (besides room on the QP).
+    fn wants_more(&self) -> bool {
+        self.window_ns.is_some() || self.posted < self.count
+    }
+
+    /// Whether it is over at `now`.
+    fn over(&self, now: crate::time::Instant) -> bool {
+        match (self.window_ns, self.first) {
+            (Some(w), Some(f)) => {
+                let total = w
+                    .saturating_add(2 * self.margin_ns)
+                    .saturating_add(RECV_DRAIN.as_nanos() as u64);
+                now.0.saturating_sub(f.0) >= total
+            }
+            (Some(_), None) => false,
+            (None, _) => self.done + self.errors >= self.count,
+        }
+    }
 }
 
 /// What a stream did.
@@ -646,6 +719,8 @@ pub struct RdmaHost<B> {
     wcs: Vec<WorkCompletion>,
     /// QPs running a latency test (their peer's WRITEs are seen by polling memory).
     lats: Vec<u32>,
+    /// QPs running a timed receive stream (which ends by the clock, arrivals or not).
+    timed_recv: Vec<u32>,
     /// Several-QP stream runs in progress.
     groups: Vec<Option<StreamGroup>>,
     /// Completion latency of its QPs' signalled send work, by opcode.
@@ -686,6 +761,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             handoff_drops: 0,
             wcs: Vec::with_capacity(64),
             lats: Vec::new(),
+            timed_recv: Vec::new(),
             groups: Vec::new(),
             latency: LatencyHistograms::default(),
         }
@@ -926,9 +1002,13 @@ impl<B: PacketBuf> RdmaHost<B> {
         slot.rcq.poll(usize::MAX, wcs);
         for c in wcs.iter() {
             if c.status == super::cq::WcStatus::Success {
-                st.done += 1;
-                if st.first.is_none() {
-                    st.first = Some(now);
+                let first = *st.first.get_or_insert(now);
+                let since = now.0.saturating_sub(first.0);
+                match st.window_ns {
+                    Some(w) if since < st.margin_ns || since - st.margin_ns >= w => {
+                        st.uncounted += 1
+                    }
+                    _ => st.done += 1,
                 }
             } else {
                 st.errors += 1;
@@ -942,8 +1022,9 @@ impl<B: PacketBuf> RdmaHost<B> {
                 st.best_ns_per_wr = st.best_ns_per_wr.min(per);
             }
         }
-        while st.posted < st.count
-            && st.posted.saturating_sub(st.done + st.errors) < slot.qp.caps().max_recv_wr as u64
+        while st.wants_more()
+            && st.posted.saturating_sub(st.done + st.uncounted + st.errors)
+                < slot.qp.caps().max_recv_wr as u64
         {
             let mut r = st.recv.clone();
             r.wr_id = st.recv.wr_id.wrapping_add(st.posted);
@@ -953,19 +1034,48 @@ impl<B: PacketBuf> RdmaHost<B> {
             st.posted += 1;
         }
         let failed = slot.qp.cfg.state == super::qp::QpState::Err || st.errors > 0;
-        if st.done + st.errors >= st.count || failed {
+        if st.over(now) || failed {
             let st = slot.rstream.take().expect("receive stream present");
+            let (errors, elapsed_ns) = match st.window_ns {
+                // A timed stream: its errors, over its window.
+                Some(w) => (st.errors + u64::from(failed), w),
+                None => (
+                    st.count - st.done,
+                    now.0.saturating_sub(st.first.unwrap_or(now).0),
+                ),
+            };
+            let best_ns_per_wr = match st.window_ns {
+                // perftest's duration mode has no peak apart from the average.
+                Some(w) => w as f64 / st.done.max(1) as f64,
+                None => st.best_ns_per_wr,
+            };
             let r = StreamResult {
                 completed: st.done,
-                errors: st.count - st.done,
-                elapsed_ns: now.0.saturating_sub(st.first.unwrap_or(now).0),
-                best_ns_per_wr: st.best_ns_per_wr,
+                errors,
+                elapsed_ns,
+                best_ns_per_wr,
             };
+            if st.window_ns.is_some() {
+                self.timed_recv.retain(|&x| x as usize != i);
+            }
             match st.reply {
                 StreamReply::One(tx) => {
                     let _ = tx.send(Ok(r));
                 }
-                StreamReply::Group(g) => self.member_done(g, r, st.first, now),
+                StreamReply::Group(g) => {
+                    // A timed member's run ends with its window, not with the drain after it.
+                    let (start, end) = match (st.window_ns, st.first) {
+                        (Some(w), Some(f)) => {
+                            let start = f.0.saturating_add(st.margin_ns);
+                            (
+                                Some(crate::time::Instant(start)),
+                                crate::time::Instant(start.saturating_add(w)),
+                            )
+                        }
+                        _ => (st.first, now),
+                    };
+                    self.member_done(g, r, start, end)
+                }
             }
         }
     }
@@ -1327,7 +1437,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     StreamReply::One(_) => None,
                 },
                 (None, Some(rs)) => match rs.reply {
-                    StreamReply::Group(g) => Some((g, rs.done, rs.count - rs.done)),
+                    StreamReply::Group(g) => Some((g, rs.done, rs.undone())),
                     StreamReply::One(_) => None,
                 },
                 (None, None) => None,
@@ -1694,6 +1804,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 recv,
                 count,
                 posted,
+                duration,
                 reply,
             } => {
                 let Some(i) = self.index(qpn) else {
@@ -1712,16 +1823,16 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err(format!("QP {qpn} is not connected")));
                     return;
                 }
-                slot.rstream = Some(RecvStream {
-                    recv: *recv,
+                slot.rstream = Some(RecvStream::new(
+                    *recv,
                     count,
                     posted,
-                    done: 0,
-                    errors: 0,
-                    first: None,
-                    best_ns_per_wr: f64::INFINITY,
-                    reply: StreamReply::One(reply),
-                });
+                    duration,
+                    StreamReply::One(reply),
+                ));
+                if duration.is_some() {
+                    self.timed_recv.push(i as u32);
+                }
                 self.feed_recv(i, now);
             }
             RdmaCommand::RecvStreams {
@@ -1729,6 +1840,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 recv,
                 count,
                 posted,
+                duration,
                 reply,
             } => {
                 let Some((slots, g)) = self.start_group(
@@ -1748,16 +1860,16 @@ impl<B: PacketBuf> RdmaHost<B> {
                 };
                 for &i in &slots {
                     if let Some(s) = self.slots[i].as_mut() {
-                        s.rstream = Some(RecvStream {
-                            recv: (*recv).clone(),
+                        s.rstream = Some(RecvStream::new(
+                            (*recv).clone(),
                             count,
                             posted,
-                            done: 0,
-                            errors: 0,
-                            first: None,
-                            best_ns_per_wr: f64::INFINITY,
-                            reply: StreamReply::Group(g),
-                        });
+                            duration,
+                            StreamReply::Group(g),
+                        ));
+                        if duration.is_some() {
+                            self.timed_recv.push(i as u32);
+                        }
                     }
                 }
                 for i in slots {
@@ -1904,6 +2016,19 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         for k in (0..self.lats.len()).rev() {
             if let Some(&i) = self.lats.get(k) {
                 self.drive_lat(i as usize, now);
+            }
+        }
+        for k in (0..self.timed_recv.len()).rev() {
+            if let Some(&i) = self.timed_recv.get(k) {
+                let live = self.slots[i as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.rstream.as_ref().is_some_and(|r| r.window_ns.is_some()));
+                if live {
+                    self.feed_recv(i as usize, now);
+                } else {
+                    // Its QP went (destroyed mid-stream).
+                    self.timed_recv.swap_remove(k);
+                }
             }
         }
         while let Some(i) = self.timers.pop_expired(now) {
