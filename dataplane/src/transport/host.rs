@@ -1037,8 +1037,8 @@ impl<B: PacketBuf> RdmaHost<B> {
         if st.over(now) || failed {
             let st = slot.rstream.take().expect("receive stream present");
             let (errors, elapsed_ns) = match st.window_ns {
-                // A timed stream: its errors, over its window.
-                Some(w) => (st.errors + u64::from(failed), w),
+                // A timed stream: its errors (at least one if the QP failed), over its window.
+                Some(w) => (st.errors.max(u64::from(failed)), w),
                 None => (
                     st.count - st.done,
                     now.0.saturating_sub(st.first.unwrap_or(now).0),
