@@ -165,9 +165,7 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     #[inline]
     pub fn transmit(&mut self, port: usize, burst: &mut Burst<Q::Buf>) {
         if self.detached {
-            self.counters
-                .count_drop(DropReason::Shutdown, burst.len() as u64);
-            burst.clear();
+            discard(burst, self.counters);
             return;
         }
         if !self.tx[port].is_empty() {
@@ -187,6 +185,13 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
         self.counters.count_drop(reason, 1);
         drop(buf);
     }
+}
+
+/// Drops every frame of a burst that will never be sent (the worker stops or has detached),
+/// counting them as [`DropReason::Shutdown`].
+fn discard<B: PacketBuf>(burst: &mut Burst<B>, c: &LcoreCounters) {
+    c.count_drop(DropReason::Shutdown, burst.len() as u64);
+    burst.clear();
 }
 
 /// Transmits a burst; frames the port refused stay in it, in order, for the next flush.
@@ -393,9 +398,7 @@ where
     pub fn finish(mut self) -> Vec<Q> {
         self.handler.shutdown();
         for tx in &mut self.tx {
-            self.counters
-                .count_drop(DropReason::Shutdown, tx.len() as u64);
-            tx.clear();
+            discard(tx, &self.counters);
         }
         self.queues
     }
@@ -414,8 +417,7 @@ where
                 Ok(Command::Detach(done)) => {
                     self.detached = true;
                     for tx in &mut self.tx {
-                        counters.count_drop(DropReason::Shutdown, tx.len() as u64);
-                        tx.clear();
+                        discard(tx, counters);
                     }
                     let _ = done.send(());
                 }
