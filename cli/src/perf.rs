@@ -71,8 +71,10 @@ pub struct PerfArgs {
     /// Messages to send. Default: 5000 for bandwidth, 1000 for latency.
     #[arg(long, short = 'n')]
     pub iters: Option<u64>,
-    /// Run for this many seconds instead of -n messages (perftest's -D; bandwidth tests; a
-    /// SEND server counts what arrives within that long of the first message).
+    /// Run for this many seconds instead of -n messages (perftest's -D). A SEND bandwidth
+    /// server counts what arrives within that long of the first message; a latency test
+    /// counts the iterations between a margin of a quarter of the seconds at each end and
+    /// reports their average (perftest's `t_avg`).
     #[arg(long, short = 'D', value_parser = clap::value_parser!(u64).range(1..=600))]
     pub duration: Option<u64>,
     /// Send messages of up to this many bytes inline (perftest's -I, IBV_SEND_INLINE: the
@@ -233,12 +235,6 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
             "--size, --iters and --tx-depth must be above 0".into(),
         ));
     }
-    if a.duration.is_some() && a.kind == PerfKind::Lat {
-        return Err(Fail(
-            2,
-            "-D (duration) is for bandwidth tests; give -n for latency tests".into(),
-        ));
-    }
     if a.duration.is_some() && a.iters.is_some() {
         return Err(Fail(2, "-D and -n: give one of them".into()));
     }
@@ -250,7 +246,10 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
         return bandwidth(c, a, gid, json, out);
     }
     let size = a.size();
-    let rx_depth = a.iters().min(RX_DEPTH);
+    let rx_depth = match a.duration {
+        Some(_) => RX_DEPTH,
+        None => a.iters().min(RX_DEPTH),
+    };
     let (_made, buf, qpn) = Resources::create(c, size, a.tx_depth, rx_depth, a.inline_size)?;
     let half = buf.half;
     let test = a.test();
@@ -664,7 +663,17 @@ pub(crate) fn post_receives(c: &Client, qpn: u32, b: &Buf, n: u64) -> Result<(),
     Ok(())
 }
 
-/// This side's latency test on the QP's lcore; when each iteration was posted.
+/// What this side's latency test measured.
+#[derive(Debug, Clone, PartialEq)]
+enum LatRun {
+    /// When each of `-n` iterations was posted (ns from the first).
+    Posted(Vec<u64>),
+    /// A timed test (`-D`): the iterations that completed in the sample window, and the
+    /// window's length in ns.
+    Timed { iters: u64, window_ns: u64 },
+}
+
+/// This side's latency test on the QP's lcore.
 fn run_latency(
     c: &Client,
     a: &PerfArgs,
@@ -673,9 +682,13 @@ fn run_latency(
     remote: &Dest,
     role: Role,
     rx_depth: u64,
-) -> Result<Vec<u64>, Fail> {
-    let mut body = json!({"wr": request(a, b, remote), "iters": a.iters(),
+) -> Result<LatRun, Fail> {
+    let mut body = json!({"wr": request(a, b, remote),
                           "server": role == Role::Server, "timeout_ms": 600_000});
+    match a.duration {
+        Some(secs) => body["duration_ms"] = json!(secs * 1000),
+        None => body["iters"] = json!(a.iters()),
+    }
     match a.op {
         PerfOp::Read | PerfOp::Atomic => body["test"] = json!("request"),
         PerfOp::Write => {
@@ -695,6 +708,31 @@ fn run_latency(
         .map(|v| v.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
     let errors = r["errors"].as_u64().unwrap_or(0);
+    let why = || {
+        r["failure"]
+            .as_str()
+            .unwrap_or("no reason given")
+            .to_string()
+    };
+    if a.duration.is_some() {
+        let (iters, window_ns) = (
+            r["sample"]["iters"].as_u64().unwrap_or(0),
+            r["sample"]["window_ns"].as_u64().unwrap_or(0),
+        );
+        if errors > 0 {
+            return Err(Fail(
+                1,
+                format!("the test failed: {errors} in error ({})", why()),
+            ));
+        }
+        if iters == 0 || window_ns == 0 {
+            return Err(Fail(
+                1,
+                "the test failed: no iteration completed in the sample window (is the peer running the same test?)".into(),
+            ));
+        }
+        return Ok(LatRun::Timed { iters, window_ns });
+    }
     if errors > 0 || posted.len() as u64 != a.iters() {
         return Err(Fail(
             1,
@@ -702,11 +740,18 @@ fn run_latency(
                 "the test failed: {} of {} iterations posted, {errors} in error ({})",
                 posted.len(),
                 a.iters(),
-                r["failure"].as_str().unwrap_or("no reason given")
+                why()
             ),
         ));
     }
-    Ok(posted)
+    Ok(LatRun::Posted(posted))
+}
+
+/// A timed test's average latency in us (perftest's `t_avg` with -D): the window over the
+/// iterations, halved for ping-pongs.
+fn timed_avg_us(iters: u64, window_ns: u64, halve: bool) -> f64 {
+    let rtt = window_ns as f64 / iters.max(1) as f64 / 1000.0;
+    if halve { rtt / 2.0 } else { rtt }
 }
 
 /// Latency figures in microseconds, as perftest prints them.
@@ -812,19 +857,53 @@ fn print_latency(
     a: &PerfArgs,
     role: Role,
     mine: &Dest,
-    o: &crate::perftest::LatOutcome<Vec<u64>>,
+    o: &crate::perftest::LatOutcome<LatRun>,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, Fail> {
     let halve = matches!(a.op, PerfOp::Write | PerfOp::Send);
-    let st = o.result.as_deref().and_then(|p| lat_stats(p, halve));
+    let posted = match &o.result {
+        Some(LatRun::Posted(p)) => Some(p.as_slice()),
+        _ => None,
+    };
+    if let Some(LatRun::Timed { iters, window_ns }) = o.result {
+        let avg = timed_avg_us(iters, window_ns, halve);
+        // perftest's "tps average": iterations per second of the window.
+        let tps = iters as f64 * 1e9 / window_ns as f64;
+        if json {
+            let v = json!({"test": a.title(), "role": role_name(role), "mtu": o.mtu,
+                "local": dest_json(mine), "remote": dest_json(&o.remote), "bytes": a.size(),
+                "duration_s": a.duration, "iterations": iters, "window_ns": window_ns,
+                "half_round_trip": halve, "latency_us": {"avg": avg}, "tps": tps});
+            writeln!(out, "{v}").map_err(io)?;
+            return Ok(0);
+        }
+        header(a, role, o.mtu, mine, &o.remote, out).map_err(io)?;
+        writeln!(
+            out,
+            " #bytes        #iterations       t_avg[usec]    tps average"
+        )
+        .map_err(io)?;
+        writeln!(
+            out,
+            " {:<7}       {:<10}    {:<7.2}        {:<7.2}",
+            a.size(),
+            iters,
+            avg,
+            tps
+        )
+        .map_err(io)?;
+        writeln!(out, "{}", "-".repeat(87)).map_err(io)?;
+        return Ok(0);
+    }
+    let st = posted.and_then(|p| lat_stats(p, halve));
     if json {
         let v = json!({"test": a.title(), "role": role_name(role), "mtu": o.mtu,
             "local": dest_json(mine), "remote": dest_json(&o.remote), "bytes": a.size(),
             "iterations": a.iters(), "half_round_trip": halve,
             "latency_us": st.map(|s| json!({"min": s.min, "max": s.max, "typical": s.typical,
                 "avg": s.avg, "stdev": s.stdev, "p99": s.p99, "p99_9": s.p999})),
-            "samples_ns": o.result.as_deref().map(|p| samples(p, halve))});
+            "samples_ns": posted.map(|p| samples(p, halve))});
         writeln!(out, "{v}").map_err(io)?;
         return Ok(0);
     }
@@ -940,5 +1019,12 @@ mod tests {
         );
         assert!(s.p999 > 1000.0 && s.p99 < 11.0, "{s:?}");
         assert_eq!(lat_stats(&[5], true), None, "one post has no round trip");
+    }
+
+    #[test]
+    fn timed_latency_is_the_window_over_the_iterations() {
+        // 1 s window, 100,000 round trips: 10 us each, 5 us half round trip.
+        assert!((timed_avg_us(100_000, 1_000_000_000, false) - 10.0).abs() < 1e-9);
+        assert!((timed_avg_us(100_000, 1_000_000_000, true) - 5.0).abs() < 1e-9);
     }
 }

@@ -1175,7 +1175,10 @@ struct ByteRef {
 struct LatBody {
     test: String,
     wr: SendBody,
-    iters: u64,
+    #[serde(default)]
+    iters: Option<u64>,
+    #[serde(default)]
+    duration_ms: Option<u64>,
     #[serde(default)]
     server: bool,
     #[serde(default)]
@@ -1504,11 +1507,18 @@ async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
     }
     let wr = send_wr(&b.wr)?;
     let wait_ms = b.timeout_ms.unwrap_or(60_000);
-    if !(1..=MAX_LAT_ITERS).contains(&b.iters) || wait_ms > 600_000 {
-        return Err(ApiError::bad(
-            "bad_test",
-            format!("iters is 1 to {MAX_LAT_ITERS} and timeout_ms at most 600000"),
-        ));
+    let (iters, duration) = match (b.iters, b.duration_ms) {
+        (Some(n), None) if (1..=MAX_LAT_ITERS).contains(&n) => (n, None),
+        (None, Some(ms)) if (1..=600_000).contains(&ms) => (0, Some(Duration::from_millis(ms))),
+        _ => {
+            return Err(ApiError::bad(
+                "bad_test",
+                format!("give iters (1 to {MAX_LAT_ITERS}) or duration_ms (1 to 600000)"),
+            ));
+        }
+    };
+    if wait_ms > 600_000 {
+        return Err(ApiError::bad("bad_test", "timeout_ms is at most 600000"));
     }
     let missing = |what: &str| ApiError::bad("bad_test", format!("test {} needs {what}", b.test));
     let kind = match b.test.as_str() {
@@ -1538,17 +1548,21 @@ async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
             ));
         }
     };
-    let (iters, server) = (b.iters, b.server);
-    let wait = Duration::from_millis(wait_ms);
+    let server = b.server;
+    let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
     let mut wr = wr;
     let r = blocking(move || {
         wr.ud = ud_dest(&s, qpn, &b.wr)?;
-        s.rdma.latency_test(qpn, kind, wr, iters, server, wait)
+        s.rdma
+            .latency_test(qpn, kind, wr, iters, duration, server, wait)
     })
     .await?;
+    let sample = r
+        .sample
+        .map(|x| json!({"iters": x.iters, "window_ns": x.window_ns}));
     ok(
         json!({"posted_ns": r.posted_ns, "errors": r.errors, "failure": r.failure,
-              "elapsed_ns": r.elapsed_ns}),
+              "elapsed_ns": r.elapsed_ns, "sample": sample}),
     )
 }
 

@@ -184,10 +184,13 @@ pub fn document() -> Value {
                         "cc_profile": {"type": "string", "enum": ["nvidia", "paper", "hpcc-ns3"]},
                         "dcqcn": dcqcn_knobs.clone(), "copy_tx": {"type": "boolean"},
                         "type": {"type": "string", "enum": ["RC", "UD"]}}});
-    let lat_body = json!({"type": "object", "additionalProperties": false, "required": ["test", "wr", "iters"],
+    let lat_body = json!({"type": "object", "additionalProperties": false, "required": ["test", "wr"],
         "properties": {"test": {"type": "string", "enum": ["request", "write", "send"]},
             "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
-            "iters": {"type": "integer", "minimum": 1, "maximum": 1000000},
+            "iters": {"type": "integer", "minimum": 1, "maximum": 1000000,
+                "description": "iterations; iters or duration_ms is required, not both"},
+            "duration_ms": {"type": "integer", "minimum": 1, "maximum": 600000,
+                "description": "run this long instead (perftest's -D): a margin of a quarter of the whole seconds at each end, the iterations that complete in the window between are counted"},
             "server": {"type": "boolean"},
             "poll": byte_ref.clone(), "mark": byte_ref,
             "recv": {"type": "array", "items": sge.clone(), "maxItems": 4},
@@ -258,9 +261,10 @@ pub fn document() -> Value {
             "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
     let latency_path = json!({"post": op("One of perftest's latency tests on the QP's lcore: request (READ/atomic, one at a time), write (WRITE ping-pong: poll is the byte the peer's WRITE sets, mark the last byte of ours) or send (SEND ping-pong over rx_depth receives already posted, reposted from recv)",
         vec![qpn()], Some(body(lat_body)),
-        json_ok(200, "when each iteration was posted (ns from the first)", json!({"type": "object", "properties": {
+        json_ok(200, "when each iteration was posted (ns from the first; empty for a timed test), or a timed test's sample", json!({"type": "object", "properties": {
             "posted_ns": {"type": "array", "items": u64s}, "errors": u64s,
-            "failure": {"type": "string", "nullable": true}, "elapsed_ns": u64s}}), &[400, 404, 409, 503]))});
+            "failure": {"type": "string", "nullable": true}, "elapsed_ns": u64s,
+            "sample": {"type": "object", "nullable": true, "properties": {"iters": u64s, "window_ns": u64s}}}}), &[400, 404, 409, 503]))});
     json!({
         "openapi": "3.0.3",
         "info": {

@@ -1445,14 +1445,16 @@ impl Rdma {
         })
     }
 
-    /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`);
-    /// waits up to `wait` for it.
+    /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`):
+    /// `iters` iterations or, with a `duration`, that long; waits up to `wait` for it.
+    #[allow(clippy::too_many_arguments)]
     pub fn latency_test(
         &self,
         qpn: u32,
         kind: LatKind,
         wr: SendWr,
         iters: u64,
+        duration: Option<Duration>,
         server: bool,
         wait: Duration,
     ) -> Result<LatResult, ApiError> {
@@ -1464,6 +1466,7 @@ impl Rdma {
                 kind,
                 wr,
                 iters,
+                duration,
                 server,
                 reply,
             }

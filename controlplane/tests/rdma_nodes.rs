@@ -510,6 +510,28 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
         )),
         (409, "stream_refused".into())
     );
+    // A latency test runs iterations or a duration: both, neither, or a zero duration is a
+    // bad request; a QP that is not connected refuses a good one.
+    let lat = |extra: Value| {
+        let mut b = json!({"test": "request", "wr": {"opcode": "read", "remote_addr": 0,
+                                                     "rkey": 1, "sge": []}});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        code(a.post(&format!("/v1/qps/{q}/latency"), b))
+    };
+    for bad in [
+        json!({}),
+        json!({"iters": 10, "duration_ms": 1000}),
+        json!({"duration_ms": 0}),
+        json!({"iters": 0}),
+    ] {
+        assert_eq!(lat(bad.clone()), (400, "bad_test".into()), "{bad}");
+    }
+    assert_eq!(
+        lat(json!({"duration_ms": 100})),
+        (409, "test_refused".into())
+    );
     // Groups start on all their QPs or on none: a QP in RESET refuses the group.
     assert_eq!(
         code(a.post(
@@ -1314,8 +1336,7 @@ fn rocectl_perf_runs_perftest_bandwidth_tests_against_itself_through_perftests_e
     }
     for bad in [
         &["perf", "write", "bw", "-I", "513", "127.0.0.1"][..],
-        &["perf", "send", "lat", "-D", "1", "127.0.0.1"],
-        &["perf", "write", "lat", "-D", "1", "127.0.0.1"],
+        &["perf", "write", "lat", "-D", "1", "-n", "5", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "1", "-n", "5", "127.0.0.1"],
         &["perf", "write", "bw", "-D", "0", "127.0.0.1"],
     ] {
@@ -1445,6 +1466,48 @@ fn rocectl_perf_latency_tests_run_against_itself() {
         typical.push((op, size, typ));
     }
     eprintln!("typical latencies (us): {typical:?}");
+    // perftest's -D for latency tests: each side counts the iterations that complete in its
+    // window and prints their average and rate (#bytes #iterations t_avg tps).
+    for (k, op) in ["write", "send", "read"].into_iter().enumerate() {
+        let (cout, sout) = perf_pair(
+            a,
+            b,
+            &[op, "lat"],
+            &["-s", "8", "-D", "1"],
+            18710 + k as u16,
+        );
+        let timed = |out: &str| -> Vec<f64> {
+            let mut lines = out.lines();
+            lines.find(|l| l.contains("t_avg"));
+            let l = lines.next().unwrap_or_default();
+            l.split_whitespace().map(|x| x.parse().unwrap()).collect()
+        };
+        let f = timed(&cout);
+        assert_eq!(f.len(), 4, "{cout}");
+        assert_eq!(f[0], 8.0, "{cout}");
+        // -D 1 has no margin: the window is the second, so the rate is the count.
+        assert!(
+            (f[3] - f[1]).abs() <= 0.05 * f[1],
+            "iterations per second of a 1 s window: {cout}"
+        );
+        let typ = typical.iter().find(|t| t.0 == op).unwrap().2;
+        assert!(f[1] >= 100.0, "iterations in a 1 s window: {cout}");
+        assert!(
+            f[2] >= 0.5 * typ && f[2] <= 20.0 * typ,
+            "the timed average ({}) is near the measured typical ({typ}): {cout}",
+            f[2]
+        );
+        if op == "read" {
+            assert!(sout.contains("the client measures this test"), "{sout}");
+        } else {
+            let g = timed(&sout);
+            assert_eq!(g.len(), 4, "{sout}");
+            assert!(
+                g[1] >= 0.5 * f[1] && g[1] <= 1.5 * f[1],
+                "both sides of a ping-pong count about as many round trips: {cout} {sout}"
+            );
+        }
+    }
     // ibv_rc_pingpong's test and exchange, both roles on ferroce; then ibv_ud_pingpong's (UD
     // QPs, the same exchange); a UD message over the MTU is refused.
     for (extra, lines) in [

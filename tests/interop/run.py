@@ -121,6 +121,10 @@ CASES = [
     case("send_lat 1MiB mtu4096", "ib_send_lat -s 1048576 -n 10 -m 4096",
          "send lat -s 1M -n 10 -m 4096"),
     case("atomic_lat fetch-add", "ib_atomic_lat -A FETCH_AND_ADD -n 300", "atomic lat -A fetch-add -n 300"),
+    # Latency tests with -D: each side counts its own iterations in its window (t_avg only).
+    case("write_lat 8B -D 2s", "ib_write_lat -s 8 -D 2 -m 1024", "write lat -s 8 -D 2 -m 1024"),
+    case("read_lat 8B -D 2s", "ib_read_lat -s 8 -D 2 -m 1024", "read lat -s 8 -D 2 -m 1024"),
+    case("send_lat 8B -D 2s", "ib_send_lat -s 8 -D 2 -m 1024", "send lat -s 8 -D 2 -m 1024"),
     case("rc_pingpong 1B", "ibv_rc_pingpong -s 1 -n 200 -m 1024", "pingpong -s 1 -n 200 -m 1024"),
     case("rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 200 -m 1024", "pingpong -s 4096 -n 200 -m 1024"),
     case("rc_pingpong 1MiB mtu4096", "ibv_rc_pingpong -s 1048576 -n 10 -m 4096",
@@ -254,9 +258,9 @@ def exit_of(out):
 def check(client, server, lat, pingpong=False, own_count=False):
     """The client's result line shows traffic, and the server's (where perftest prints one:
     not the servers of READ and ATOMIC latency) agrees on size and iterations (own_count: a
-    SEND server with -D counts its own arrivals over its own window, which starts at the
-    first one, while the client counts completions over its window: the two agree within
-    half either way). For rc_pingpong: both sides print the same number of iterations."""
+    SEND server with -D, or either side of a latency test with -D, counts over its own
+    window: the two agree within half either way). For rc_pingpong: both sides print the
+    same number of iterations."""
     if pingpong:
         mc, ms = PINGPONG.search(client), PINGPONG.search(server)
         if not mc or not ms:
@@ -265,12 +269,17 @@ def check(client, server, lat, pingpong=False, own_count=False):
             return False, "sides disagree: %s vs %s iterations" % (mc.group(1), ms.group(1))
         return True, "%s iters: %s usec/iter" % (mc.group(1), mc.group(3))
     rc, rs = result(client), result(server)
-    if not rc or len(rc) < 5:
+    if not rc or len(rc) < (4 if lat and own_count else 5):
         return False, "no result line from the client"
     if rs and own_count and not (rs[0] == rc[0] and 0.5 * rc[1] <= rs[1] <= 1.5 * rc[1]):
         return False, "server's count: %s vs the client's %s" % (rs[:2], rc[:2])
     if rs and not own_count and rs[:2] != rc[:2]:
         return False, "sides disagree: %s vs %s" % (rc[:2], rs[:2])
+    if lat and own_count:
+        # -D: #bytes #iterations t_avg tps.
+        if len(rc) != 4 or rc[1] <= 0 or rc[2] <= 0 or rc[3] <= 0:
+            return False, "no timed latency figures: %s" % (rc,)
+        return True, "%d B x %d in the window: t_avg %.1f us, %.0f tps" % rc
     if lat:
         if len(rc) != 9 or not 0 < rc[2] <= rc[4] <= rc[3]:
             return False, "latency figures out of order: %s" % (rc,)
@@ -314,7 +323,7 @@ def run_case(vm, c):
     if not pingpong:
         ctl_cmd = "perf " + ctl_cmd
     lat = "_lat" in name
-    own = tool.startswith("ib_send_bw") and " -D " in tool
+    own = (tool.startswith("ib_send_bw") or lat) and " -D " in tool
     out = []
     if c["netem"]:
         vm.run("tc qdisc replace dev eth0 root netem %s" % c["netem"])

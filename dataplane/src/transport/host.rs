@@ -335,7 +335,8 @@ pub enum RdmaCommand {
     },
     /// Runs one of perftest's latency tests on a connected QP, on the lcore itself; replies
     /// when it is done. The QP's send (and, for SEND, receive) completions go to the test
-    /// meanwhile.
+    /// meanwhile. With a `duration` (perftest's -D) `iters` is ignored: the test runs that
+    /// long and keeps time as perftest does ([`LatSample`]).
     Latency {
         /// The QP.
         qpn: u32,
@@ -345,6 +346,8 @@ pub enum RdmaCommand {
         wr: Box<SendWr>,
         /// Iterations.
         iters: u64,
+        /// Run this long instead of `iters` iterations.
+        duration: Option<core::time::Duration>,
         /// This side is perftest's server (it matters for who goes first).
         server: bool,
         /// When each iteration was posted, or why the test could not run.
@@ -427,14 +430,80 @@ pub enum LatKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LatResult {
     /// When each iteration's request was posted, nanoseconds of lcore time from the first
-    /// (perftest's `tposted`): their differences are the round trips.
+    /// (perftest's `tposted`): their differences are the round trips. Empty for a timed test.
     pub posted_ns: Vec<u64>,
+    /// A timed test's sample (None for a test of so many iterations).
+    pub sample: Option<LatSample>,
     /// Requests that completed in error (the test stops at the first).
     pub errors: u64,
     /// Why it stopped early: the first error completion's status and opcode, or what failed.
     pub failure: Option<String>,
     /// From the start to the end of the test, nanoseconds of lcore time.
     pub elapsed_ns: u64,
+}
+
+/// What a timed latency test (perftest's -D) counted. It keeps perftest's clock: a margin of
+/// a quarter of the whole seconds, then the sample window (the duration less two margins),
+/// then the margin again; completions within the window are the iterations, and the
+/// window's length divided by them is the average round trip (perftest's `t_avg`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatSample {
+    /// Requests that completed within the window.
+    pub iters: u64,
+    /// The window's length as the lcore clocked it, ns.
+    pub window_ns: u64,
+}
+
+/// A timed latency test's clock (see [`LatSample`]), ns from its start.
+#[derive(Clone, Copy, Debug)]
+struct LatClock {
+    margin_ns: u64,
+    duration_ns: u64,
+    opened: Option<crate::time::Instant>,
+    closed: Option<crate::time::Instant>,
+    iters: u64,
+}
+
+impl LatClock {
+    fn new(d: core::time::Duration) -> Self {
+        LatClock {
+            // perftest: margin = duration / 4, in whole seconds.
+            margin_ns: d.as_secs() / 4 * 1_000_000_000,
+            duration_ns: d.as_nanos().min(u64::MAX as u128) as u64,
+            opened: None,
+            closed: None,
+            iters: 0,
+        }
+    }
+
+    /// Moves the window on to `since` ns after the start; true once the test is over.
+    fn tick(&mut self, now: crate::time::Instant, since: u64) -> bool {
+        if self.opened.is_none() && since >= self.margin_ns {
+            self.opened = Some(now);
+        }
+        if self.closed.is_none() && since >= self.duration_ns.saturating_sub(self.margin_ns) {
+            self.closed = Some(now);
+        }
+        since >= self.duration_ns
+    }
+
+    /// Counts `n` completions seen now.
+    fn completed(&mut self, n: u64) {
+        if self.opened.is_some() && self.closed.is_none() {
+            self.iters += n;
+        }
+    }
+
+    fn sample(&self) -> LatSample {
+        let window_ns = match (self.opened, self.closed) {
+            (Some(o), Some(c)) => c.0.saturating_sub(o.0),
+            _ => 0,
+        };
+        LatSample {
+            iters: self.iters,
+            window_ns,
+        }
+    }
 }
 
 /// Where a latency test stands: perftest's loop (wait for the peer, post, count the
@@ -454,6 +523,8 @@ struct Lat {
     reposted: u64,
     step: LatStep,
     started: crate::time::Instant,
+    /// A timed test's clock (its `iters` is then unbounded).
+    clock: Option<LatClock>,
     posted: Vec<u64>,
     errors: u64,
     failure: Option<String>,
@@ -1109,7 +1180,12 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
         }
         let mut posted = false;
+        let since = now.0.saturating_sub(t.started.0);
+        let timed_out = t.clock.as_mut().is_some_and(|c| c.tick(now, since));
         let failed = loop {
+            if timed_out {
+                break false;
+            }
             if t.errors > 0 || slot.qp.cfg.state == super::qp::QpState::Err {
                 if t.failure.is_none() {
                     t.failure = Some(format!("the QP is in {:?}", slot.qp.cfg.state));
@@ -1172,7 +1248,9 @@ impl<B: PacketBuf> RdmaHost<B> {
                                 continue;
                             }
                         }
-                        t.posted.push(now.0.saturating_sub(t.started.0));
+                        if t.clock.is_none() {
+                            t.posted.push(since);
+                        }
                         let mut wr = t.wr.clone();
                         wr.wr_id = t.wr.wr_id.wrapping_add(t.scnt);
                         slot.qp.observe(now);
@@ -1199,16 +1277,20 @@ impl<B: PacketBuf> RdmaHost<B> {
                         let n = t.sends_done.min(t.scnt - t.ccnt);
                         t.ccnt += n;
                         t.sends_done -= n;
+                        if let Some(c) = t.clock.as_mut() {
+                            c.completed(n);
+                        }
                     }
                     t.step = LatStep::Wait;
                 }
             }
         };
-        let done = t.scnt >= t.iters && t.rcnt >= t.iters && t.ccnt >= t.iters;
+        let done = timed_out || (t.scnt >= t.iters && t.rcnt >= t.iters && t.ccnt >= t.iters);
         if failed || done {
             let t = slot.lat.take().expect("latency test present");
             let _ = t.reply.send(Ok(LatResult {
                 posted_ns: t.posted,
+                sample: t.clock.map(|c| c.sample()),
                 errors: t.errors.max(u64::from(failed && !done)),
                 failure: t.failure,
                 elapsed_ns: now.0.saturating_sub(t.started.0),
@@ -1881,6 +1963,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 kind,
                 wr,
                 iters,
+                duration,
                 server,
                 reply,
             } => {
@@ -1897,10 +1980,16 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
                     return;
                 }
-                if iters == 0 || iters > 1 << 24 {
+                if duration.is_none() && (iters == 0 || iters > 1 << 24) {
                     let _ = reply.send(Err("iterations are 1 to 16777216".into()));
                     return;
                 }
+                if duration.is_some_and(|d| d.is_zero()) {
+                    let _ = reply.send(Err("a timed test needs a duration above 0".into()));
+                    return;
+                }
+                let clock = duration.map(LatClock::new);
+                let iters = if clock.is_some() { u64::MAX } else { iters };
                 slot.lat = Some(Lat {
                     kind: *kind,
                     wr: *wr,
@@ -1914,7 +2003,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                     reposted: 0,
                     step: LatStep::Wait,
                     started: now,
-                    posted: Vec::with_capacity(iters as usize),
+                    clock,
+                    posted: Vec::with_capacity(if clock.is_some() { 0 } else { iters as usize }),
                     errors: 0,
                     failure: None,
                     reply,
@@ -2368,6 +2458,34 @@ mod tests {
         .unwrap();
         assert!(r.completed > 0 && r.errors == 0, "{r:?}");
         assert!(r.elapsed_ns >= 100_000_000, "{r:?}");
+        // A timed READ latency test (perftest's -D): no margin under a second, so the window
+        // is the whole 100 ms; the iterations are those that completed in it.
+        let read = SendWr::new(
+            0,
+            SendOp::Read {
+                remote_addr: PAIR_VA,
+                rkey: pair.kb,
+            },
+            crate::transport::wr::Sge::list(PAIR_VA, 8, pair.ka),
+        );
+        let r = ask(a, |reply| RdmaCommand::Latency {
+            qpn: pair.qpa,
+            kind: Box::new(LatKind::Request),
+            wr: Box::new(read),
+            iters: 0,
+            duration: Some(core::time::Duration::from_millis(100)),
+            server: false,
+            reply,
+        })
+        .unwrap()
+        .unwrap();
+        let sample = r.sample.expect("a timed test's sample");
+        assert!(r.errors == 0 && r.posted_ns.is_empty(), "{r:?}");
+        assert!(sample.iters > 0 && r.elapsed_ns >= 100_000_000, "{r:?}");
+        assert!(
+            (100_000_000..110_000_000).contains(&sample.window_ns),
+            "{r:?}"
+        );
         // A QP that is not connected cannot stream.
         let q = ask(a, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
@@ -2413,6 +2531,39 @@ mod tests {
         assert!(r.unwrap_err().contains("no QP"));
         assert!(!ask(a, |reply| RdmaCommand::DestroyQp { qpn: 0x77, reply }).unwrap());
         stop_all(&ctls, threads);
+    }
+
+    #[test]
+    fn a_timed_latency_test_keeps_perftests_clock() {
+        let t = |ns: u64| crate::time::Instant(ns);
+        const S: u64 = 1_000_000_000;
+        // -D 4: a margin of 1 s, the window from 1 s to 3 s, the end at 4 s.
+        let mut c = LatClock::new(core::time::Duration::from_secs(4));
+        assert!(!c.tick(t(S / 2), S / 2));
+        c.completed(5);
+        assert!(!c.tick(t(S + 7), S + 7));
+        c.completed(3);
+        assert!(!c.tick(t(3 * S + 11), 3 * S + 11));
+        c.completed(4);
+        assert!(!c.tick(t(4 * S - 1), 4 * S - 1));
+        assert!(c.tick(t(4 * S), 4 * S));
+        assert_eq!(
+            c.sample(),
+            LatSample {
+                iters: 3,
+                window_ns: 2 * S + 4
+            }
+        );
+        // -D 1 and -D 3: no margin (whole seconds over 4), the window is the whole test.
+        for d in [1, 3] {
+            let mut c = LatClock::new(core::time::Duration::from_secs(d));
+            assert!(!c.tick(t(0), 0));
+            c.completed(2);
+            assert!(c.tick(t(d * S), d * S));
+            c.completed(9);
+            assert_eq!(c.sample().iters, 2);
+            assert_eq!(c.sample().window_ns, d * S);
+        }
     }
 
     #[test]
