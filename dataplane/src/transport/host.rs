@@ -645,10 +645,11 @@ impl Stream {
     }
 }
 
-/// Posts `wr` on `qp`, its bytes gathered from `mrs` now if it is inline.
-fn post_gathered(qp: &mut RcQp, mrs: &MrTable, mut wr: SendWr) -> Result<(), PostError> {
-    let d = super::wr::take_inline(mrs, &mut wr)?;
-    qp.post_send_gathered(wr, d.as_deref())
+/// Posts a copy of `wr` under `wr_id` (a stream's or a latency test's next request), its
+/// inline bytes gathered first.
+fn post_copy(qp: &mut RcQp, mrs: &MrTable, wr: &SendWr, wr_id: u64) -> Result<(), PostError> {
+    let d = super::wr::inline_bytes(mrs, wr)?;
+    qp.post_send_copy(wr, wr_id, d.as_deref())
 }
 
 /// Where a finished stream reports.
@@ -969,9 +970,8 @@ impl<B: PacketBuf> RdmaHost<B> {
             st.to_post = 0;
         }
         while st.to_post > 0 && st.outstanding < st.depth {
-            let mut wr = st.wr.clone();
-            wr.wr_id = st.wr.wr_id.wrapping_add(st.to_post);
-            if post_gathered(&mut slot.qp, mrs, wr).is_err() {
+            let id = st.wr.wr_id.wrapping_add(st.to_post);
+            if post_copy(&mut slot.qp, mrs, &st.wr, id).is_err() {
                 break;
             }
             st.to_post -= 1;
@@ -1251,10 +1251,9 @@ impl<B: PacketBuf> RdmaHost<B> {
                         if t.clock.is_none() {
                             t.posted.push(since);
                         }
-                        let mut wr = t.wr.clone();
-                        wr.wr_id = t.wr.wr_id.wrapping_add(t.scnt);
+                        let id = t.wr.wr_id.wrapping_add(t.scnt);
                         slot.qp.observe(now);
-                        if let Err(e) = post_gathered(&mut slot.qp, mrs, wr) {
+                        if let Err(e) = post_copy(&mut slot.qp, mrs, &t.wr, id) {
                             t.errors += 1;
                             t.failure = Some(format!("posting request {}: {e}", t.scnt + 1));
                             continue;

@@ -676,13 +676,65 @@ impl RcQp {
     }
 
     fn post(&mut self, wr: SendWr, inline: Option<&[u8]>) -> Result<(), PostError> {
+        let (p, len) = self.admit(&wr, inline)?;
+        let inline_at = self.take_inline_bytes(inline);
+        let first_psn = self.advance(&p);
+        self.sq.push_back(SendWqe {
+            wr,
+            plan: p,
+            first_psn,
+            len,
+            inline_at,
+            posted_at: self.now,
+        });
+        Ok(())
+    }
+
+    /// Posts a copy of `wr` under `wr_id`, with `inline` (its bytes, gathered by the caller
+    /// as for [`Self::post_send_gathered`]) in place of its SG list if given: what a stream
+    /// of identical requests posts. The request is copied once, into the send queue.
+    pub fn post_send_copy(
+        &mut self,
+        wr: &SendWr,
+        wr_id: u64,
+        inline: Option<&[u8]>,
+    ) -> Result<(), PostError> {
+        let bad_inline = match inline {
+            Some(d) => d.len() > self.caps.max_inline_data as usize || wr.op.is_read_or_atomic(),
+            // Its bytes must be gathered first; the QP has no regions.
+            None => wr.inline && !wr.sg.is_empty(),
+        };
+        if bad_inline {
+            return Err(WrError::BadInline.into());
+        }
+        let (p, len) = self.admit(wr, inline)?;
+        let inline_at = self.take_inline_bytes(inline);
+        let first_psn = self.advance(&p);
+        let sg = match inline {
+            Some(_) => ArrayVec::new(),
+            None => wr.sg.clone(),
+        };
+        self.sq.push_back(SendWqe {
+            wr: SendWr { wr_id, sg, ..*wr },
+            plan: p,
+            first_psn,
+            len,
+            inline_at,
+            posted_at: self.now,
+        });
+        Ok(())
+    }
+
+    /// Whether `wr` (with `inline` bytes in place of its SG list, if given) may be posted
+    /// now: its plan and message length, or why not.
+    fn admit(&self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(Plan, u64), PostError> {
         if !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
             return Err(PostError::BadState);
         }
         if self.sq.len() >= self.caps.max_send_wr as usize {
             return Err(PostError::Full);
         }
-        if wr.sg.len() > self.caps.max_send_sge as usize {
+        if inline.is_none() && wr.sg.len() > self.caps.max_send_sge as usize {
             return Err(WrError::TooManySge.into());
         }
         let ud = self.cfg.qp_type == QpType::Ud;
@@ -699,25 +751,25 @@ impl RcQp {
                 return Err(WrError::UdTooLong.into());
             }
         }
-        let p = plan(wr.op, len, mtu, self.next_psn)?;
-        let inline_at = inline.map(|d| {
+        Ok((plan(wr.op, len, mtu, self.next_psn)?, len))
+    }
+
+    /// Copies a request's inline bytes into its slot of the QP's inline buffer.
+    fn take_inline_bytes(&mut self, inline: Option<&[u8]>) -> Option<usize> {
+        inline.map(|d| {
             let slot = (self.posted % self.caps.max_send_wr as u64) as usize;
             let at = slot * self.caps.max_inline_data as usize;
             self.inline_buf[at..at + d.len()].copy_from_slice(d);
             at
-        });
+        })
+    }
+
+    /// Counts a posted request and takes its PSNs: the first.
+    fn advance(&mut self, p: &Plan) -> Psn {
         self.posted += 1;
         let first_psn = self.next_psn;
         self.next_psn = self.next_psn.add(p.psns);
-        self.sq.push_back(SendWqe {
-            wr,
-            plan: p,
-            first_psn,
-            len,
-            inline_at,
-            posted_at: self.now,
-        });
-        Ok(())
+        first_psn
     }
 
     /// Posts a receive work request.

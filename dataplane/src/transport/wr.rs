@@ -445,6 +445,16 @@ pub type InlineData = ArrayVec<u8, { MAX_INLINE_DATA as usize }>;
 /// now and the SG list emptied, for `RcQp::post_send_inline`. None for a request that is not
 /// inline; an error when its bytes are more than [`MAX_INLINE_DATA`] or outside its regions.
 pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>, WrError> {
+    let d = inline_bytes(mrs, wr)?;
+    if d.is_some() {
+        wr.sg.clear();
+    }
+    Ok(d)
+}
+
+/// [`take_inline`] without emptying the SG list (for `RcQp::post_send_copy`, which leaves
+/// it out of the copy it posts).
+pub fn inline_bytes(mrs: &MrTable, wr: &SendWr) -> Result<Option<InlineData>, WrError> {
     if !wr.inline {
         return Ok(None);
     }
@@ -455,7 +465,6 @@ pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>,
     let mut d = InlineData::new();
     d.extend(core::iter::repeat_n(0, len as usize));
     gather(mrs, &wr.sg, 0, &mut d).map_err(|_| WrError::BadInlineSge)?;
-    wr.sg.clear();
     Ok(Some(d))
 }
 

@@ -808,6 +808,58 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
 }
 
 #[test]
+fn copies_of_one_request_post_under_their_own_ids() {
+    // A stream posts the same request again and again: by reference, each copy under its
+    // own wr_id, either gathering from its SG list or with inline bytes in place of it.
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    let template = SendWr::new(
+        7,
+        SendOp::Write {
+            remote_addr: BASE + 4096,
+            rkey: b.key,
+        },
+        sg(a.key, BASE, 64),
+    );
+    let key = a.key;
+    a.mrs
+        .get_mut(key)
+        .unwrap()
+        .write(BASE, &[0x5a; 64])
+        .unwrap();
+    for id in 100..104 {
+        a.qp.post_send_copy(&template, id, None).unwrap();
+    }
+    a.qp.post_send_copy(&template, 104, Some(&[0xc3; 16]))
+        .unwrap();
+    pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| false);
+    let s = polled(&mut a.scq);
+    let ids: Vec<u64> = s.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![100, 101, 102, 103, 104], "{s:?}");
+    assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
+    // The last, inline copy wrote its own 16 bytes over the first 16 of the others' 64.
+    let mut want = vec![0xc3; 16];
+    want.extend([0x5a; 48]);
+    assert_eq!(bytes(&b, BASE + 4096, 64), want);
+    // The template is untouched, and bad inline copies are refused.
+    assert_eq!((template.wr_id, template.sg.len()), (7, 1));
+    let bad = PostError::Wr(WrError::BadInline);
+    let read = SendWr {
+        op: SendOp::Read {
+            remote_addr: BASE,
+            rkey: b.key,
+        },
+        ..template.clone()
+    };
+    assert_eq!(a.qp.post_send_copy(&read, 1, Some(&[1])), Err(bad));
+    assert_eq!(a.qp.post_send_copy(&template, 1, Some(&[0; 401])), Err(bad));
+    let ungathered = SendWr {
+        inline: true,
+        ..template.clone()
+    };
+    assert_eq!(a.qp.post_send_copy(&ungathered, 1, None), Err(bad));
+}
+
+#[test]
 fn caps_are_checked_at_create_and_post() {
     let mut mrs = MrTable::new();
     let pd = mrs.alloc_pd();
