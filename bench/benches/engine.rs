@@ -4,7 +4,6 @@
 //! by itself (criterion's iter_custom) inside the same full round trip.
 //! `cargo bench -p bench --bench engine`
 
-use arrayvec::ArrayVec;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dataplane::PacketBuf;
 use dataplane::buf::HeapBuf;
@@ -13,7 +12,7 @@ use dataplane::transport::cq::CompletionQueue;
 use dataplane::transport::mr::{Access, MrTable};
 use dataplane::transport::qp::{Mtu, Path};
 use dataplane::transport::rc::{Connect, QpCaps, RcQp};
-use dataplane::transport::wr::{SendOp, SendWr, Sge};
+use dataplane::transport::wr::{SendOp, SendWr, SgList, Sge};
 use std::time::{Duration, Instant};
 
 struct Node {
@@ -68,7 +67,7 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
     let mut wcs = Vec::with_capacity(16);
     let now = SimInstant(0);
     for _ in 0..iters {
-        let mut sg = ArrayVec::new();
+        let mut sg = SgList::new();
         sg.push(Sge {
             addr: 0x10000,
             length: len,

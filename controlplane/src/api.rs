@@ -10,7 +10,6 @@ use crate::rdma::{
     ApiError, ConnectRequest, QpPlacement, Rdma, access_names, parse_access, parse_gid,
     wc_opcode_name, wc_status_name,
 };
-use arrayvec::ArrayVec;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -25,7 +24,7 @@ use dataplane::transport::cq::WorkCompletion;
 use dataplane::transport::host::LatKind;
 use dataplane::transport::qp::{Mtu, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
-use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, Sge, UdDest};
+use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, SgList, Sge, UdDest};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -956,7 +955,7 @@ struct SgeBody {
     lkey: u32,
 }
 
-fn sg_list(v: &[SgeBody]) -> Result<ArrayVec<Sge, MAX_SGE>, ApiError> {
+fn sg_list(v: &[SgeBody]) -> Result<SgList, ApiError> {
     if v.len() > MAX_SGE {
         return Err(ApiError::bad(
             "bad_wr",

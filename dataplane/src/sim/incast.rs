@@ -17,7 +17,6 @@ use crate::transport::qp::{Mtu, Path};
 use crate::transport::rc::{Connect, QpCaps, RcQp};
 use crate::transport::wr::{SendOp, SendWr, Sge};
 use crate::wire::packet::{Checks, parse};
-use arrayvec::ArrayVec;
 use core::time::Duration;
 
 /// Where the flows go.
@@ -372,7 +371,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
                 }
             }
             while posted[i] < cfg.depth {
-                let mut sg = ArrayVec::new();
+                let mut sg = crate::transport::wr::SgList::new();
                 sg.push(Sge {
                     addr: BASE,
                     length: cfg.message,

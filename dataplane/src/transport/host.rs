@@ -1097,7 +1097,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             && st.posted.saturating_sub(st.done + st.uncounted + st.errors)
                 < slot.qp.caps().max_recv_wr as u64
         {
-            let mut r = st.recv.clone();
+            let mut r = st.recv;
             r.wr_id = st.recv.wr_id.wrapping_add(st.posted);
             if slot.qp.post_recv(r).is_err() {
                 break;
@@ -1224,7 +1224,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                                 t.recvs_done -= 1;
                                 t.rcnt += 1;
                                 if t.rcnt + rx_depth <= t.iters {
-                                    let mut r = recv.clone();
+                                    let mut r = *recv;
                                     r.wr_id = recv.wr_id.wrapping_add(t.reposted);
                                     if let Err(e) = slot.qp.post_recv(r) {
                                         t.errors += 1;
@@ -1942,7 +1942,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 for &i in &slots {
                     if let Some(s) = self.slots[i].as_mut() {
                         s.rstream = Some(RecvStream::new(
-                            (*recv).clone(),
+                            *recv,
                             count,
                             posted,
                             duration,
@@ -2244,8 +2244,7 @@ pub fn connect_pair(
 /// byte; then destroys the QPs. Err names the first thing that went wrong.
 pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Result<(), String> {
     use super::cq::{WcOpcode, WcStatus};
-    use super::wr::{SendOp, Sge};
-    use arrayvec::ArrayVec;
+    use super::wr::{SendOp, SgList, Sge};
     const VA: u64 = PAIR_VA;
     let Pair { ka, kb, qpa, qpb } = connect_pair(a, b, mtu, CcKind::Dcqcn)?;
     let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -2257,7 +2256,7 @@ pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Resu
     })?
     .map_err(|e| e.to_string())?;
     let sg = |key: u32, va: u64, len: u32| Sge::list(va, len, key);
-    let post = |c: &HostControl, q: u32, id: u64, op: SendOp, sg: ArrayVec<Sge, 8>| {
+    let post = |c: &HostControl, q: u32, id: u64, op: SendOp, sg: SgList| {
         ask(c, |reply| RdmaCommand::PostSend {
             qpn: q,
             wr: Box::new(SendWr::new(id, op, sg)),
@@ -2356,7 +2355,6 @@ mod tests {
     use crate::port::mem::link;
     use crate::transport::qp::Mtu;
     use crate::transport::wr::SendOp;
-    use arrayvec::ArrayVec;
     use crossbeam_channel::unbounded;
     use std::sync::Arc;
 
@@ -2431,7 +2429,7 @@ mod tests {
             },
             crate::transport::wr::Sge::list(PAIR_VA, 4096, pair.ka),
         );
-        let r_wr = wr.clone();
+        let r_wr = wr;
         let r = ask(a, |reply| RdmaCommand::Stream {
             qpn: pair.qpa,
             wr: Box::new(wr),
@@ -2447,7 +2445,7 @@ mod tests {
         // what was out completes, and none of the count left over is an error.
         let r = ask(a, |reply| RdmaCommand::Stream {
             qpn: pair.qpa,
-            wr: Box::new(r_wr.clone()),
+            wr: Box::new(r_wr),
             count: u64::MAX,
             depth: 16,
             duration: Some(core::time::Duration::from_millis(100)),
@@ -2498,7 +2496,7 @@ mod tests {
         .unwrap();
         let refused = ask(a, |reply| RdmaCommand::Stream {
             qpn: q,
-            wr: Box::new(r_wr.clone()),
+            wr: Box::new(r_wr),
             count: 1,
             depth: 1,
             duration: None,
@@ -2520,7 +2518,7 @@ mod tests {
         .unwrap();
         assert_eq!(shard_of(q), 1);
         // Wrong input gets an answer, not a panic.
-        let wr = SendWr::new(9, SendOp::Send, ArrayVec::new());
+        let wr = SendWr::new(9, SendOp::Send, super::super::wr::SgList::new());
         let r = ask(a, |reply| RdmaCommand::PostSend {
             qpn: 0x77,
             wr: Box::new(wr),

@@ -21,8 +21,8 @@ use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
 use super::qp::{Path, QpConfig, QpState, QpType};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
-    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, WrError, ext_headers,
-    gather, locate, plan,
+    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, SgList, Sge, WrError,
+    ext_headers, gather, locate, plan,
 };
 use crate::PacketBuf;
 use crate::cc::{Cc, CcKind, DcqcnParams};
@@ -711,8 +711,8 @@ impl RcQp {
         let inline_at = self.take_inline_bytes(inline);
         let first_psn = self.advance(&p);
         let sg = match inline {
-            Some(_) => ArrayVec::new(),
-            None => wr.sg.clone(),
+            Some(_) => SgList::new(),
+            None => wr.sg,
         };
         self.sq.push_back(SendWqe {
             wr: SendWr { wr_id, sg, ..*wr },

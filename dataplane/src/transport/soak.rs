@@ -20,11 +20,10 @@ use super::cq::{CompletionQueue, WcOpcode, WcStatus};
 use super::mr::{Access, MrTable, PdHandle};
 use super::qp::{Mtu, Path};
 use super::rc::{Connect, QpCaps, RcQp};
-use super::wr::{RecvWr, SendOp, SendWr, Sge};
+use super::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 use crate::sim::{Faults, LinkConfig, NodeId, SimNet, SplitMix64};
 use crate::time::Instant;
 use crate::wire::packet::{Checks, parse};
-use arrayvec::ArrayVec;
 use core::time::Duration;
 use std::collections::VecDeque;
 
@@ -197,8 +196,8 @@ impl Ring {
     }
 }
 
-fn sge(key: u32, qp: usize, area: u64, at: u64, len: u32) -> ArrayVec<Sge, 8> {
-    let mut v = ArrayVec::new();
+fn sge(key: u32, qp: usize, area: u64, at: u64, len: u32) -> SgList {
+    let mut v = SgList::new();
     v.push(Sge {
         addr: BASE + qp as u64 * PER_QP + area + at,
         length: len,
@@ -449,7 +448,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
             }
             let posted_wr = if !op.is_read_or_atomic() && size <= INLINE && rng.chance(0.33) {
                 let wr = SendWr {
-                    sg: ArrayVec::new(),
+                    sg: SgList::new(),
                     ..wr
                 };
                 mine.qps[q].post_send_inline(wr, &src_bytes)

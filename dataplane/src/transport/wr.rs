@@ -35,10 +35,117 @@ pub struct Sge {
 
 impl Sge {
     /// An SG list of the one entry `length` bytes at `addr` in the region `lkey`.
-    pub fn list(addr: u64, length: u32, lkey: u32) -> ArrayVec<Sge, MAX_SGE> {
-        let mut v = ArrayVec::new();
+    pub fn list(addr: u64, length: u32, lkey: u32) -> SgList {
+        let mut v = SgList::new();
         v.push(Sge { addr, length, lkey });
         v
+    }
+}
+
+/// A work request's scatter/gather list: up to [`MAX_SGE`] entries, held inline. It is
+/// `Copy`: requests are copied whole as they are posted (a stream posts the same one again and
+/// again), and a flat copy of the list costs less than cloning it entry by entry. It reads as
+/// a slice of its entries.
+#[derive(Clone, Copy)]
+pub struct SgList {
+    len: u8,
+    entries: [Sge; MAX_SGE],
+}
+
+impl SgList {
+    const EMPTY: Sge = Sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    };
+
+    /// An empty list.
+    pub const fn new() -> Self {
+        SgList {
+            len: 0,
+            entries: [Self::EMPTY; MAX_SGE],
+        }
+    }
+
+    /// Appends `s`; an error (giving it back) when the list holds [`MAX_SGE`] already.
+    pub fn try_push(&mut self, s: Sge) -> Result<(), Sge> {
+        let i = self.len as usize;
+        if i == MAX_SGE {
+            return Err(s);
+        }
+        self.entries[i] = s;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Appends `s`.
+    ///
+    /// # Panics
+    /// When the list is full (as `Vec::push` when out of memory; callers check the length
+    /// first, or use [`Self::try_push`]).
+    pub fn push(&mut self, s: Sge) {
+        self.try_push(s)
+            .expect("an SG list holds at most MAX_SGE entries");
+    }
+
+    /// Empties the list.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl Default for SgList {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl core::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        &self.entries[..self.len as usize]
+    }
+}
+
+impl core::ops::DerefMut for SgList {
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        &mut self.entries[..self.len as usize]
+    }
+}
+
+impl PartialEq for SgList {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SgList {}
+
+impl core::fmt::Debug for SgList {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Collects up to [`MAX_SGE`] entries.
+///
+/// # Panics
+/// On more (callers check the count first).
+impl FromIterator<Sge> for SgList {
+    fn from_iter<I: IntoIterator<Item = Sge>>(it: I) -> Self {
+        let mut v = SgList::new();
+        for s in it {
+            v.push(s);
+        }
+        v
+    }
+}
+
+impl<'a> IntoIterator for &'a SgList {
+    type Item = &'a Sge;
+    type IntoIter = core::slice::Iter<'a, Sge>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
     }
 }
 
@@ -118,14 +225,14 @@ impl SendOp {
 }
 
 /// A send work request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// The operation.
     pub op: SendOp,
     /// Where the data is (or, for READ and atomics, where the result goes).
-    pub sg: ArrayVec<Sge, MAX_SGE>,
+    pub sg: SgList,
     /// Generate a completion on success.
     pub signaled: bool,
     /// Ask the remote to raise a solicited event.
@@ -154,7 +261,7 @@ pub struct UdDest {
 
 impl SendWr {
     /// A signalled request with no fence and no solicited event (what most callers post).
-    pub fn new(wr_id: u64, op: SendOp, sg: ArrayVec<Sge, MAX_SGE>) -> Self {
+    pub fn new(wr_id: u64, op: SendOp, sg: SgList) -> Self {
         SendWr {
             wr_id,
             op,
@@ -174,12 +281,12 @@ impl SendWr {
 }
 
 /// A receive work request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where received data goes.
-    pub sg: ArrayVec<Sge, MAX_SGE>,
+    pub sg: SgList,
 }
 
 /// Why a work request cannot be posted.
@@ -496,6 +603,33 @@ pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sg_lists_hold_up_to_max_sge_and_compare_by_their_entries() {
+        let e = |i: u64| Sge {
+            addr: i,
+            length: i as u32,
+            lkey: 1,
+        };
+        let mut a = SgList::new();
+        for i in 0..MAX_SGE as u64 {
+            a.try_push(e(i)).unwrap();
+        }
+        assert_eq!(a.try_push(e(99)), Err(e(99)));
+        assert_eq!(a.len(), MAX_SGE);
+        assert_eq!(a.iter().map(|s| s.addr).sum::<u64>(), 28);
+        // Entries past the length do not count: a list cut short equals one built short.
+        let b: SgList = (0..3).map(e).collect();
+        let mut c = a;
+        c.clear();
+        assert!(c.is_empty());
+        for i in 0..3 {
+            c.push(e(i));
+        }
+        assert_eq!(b, c);
+        assert_ne!(a, c);
+        assert_eq!(format!("{b:?}").matches("Sge").count(), 3);
+    }
     use crate::transport::mr::Access;
     use crate::wire::opcode::lookup;
 

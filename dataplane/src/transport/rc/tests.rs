@@ -5,8 +5,7 @@ use crate::sim::{Faults, LinkConfig, NodeId, SimNet};
 use crate::time::Instant;
 use crate::transport::mr::Access;
 use crate::transport::qp::{Mtu, Path};
-use crate::transport::wr::Sge;
-use arrayvec::ArrayVec;
+use crate::transport::wr::{SgList, Sge};
 use core::time::Duration;
 
 struct Node {
@@ -158,8 +157,8 @@ fn pump(a: &mut Node, b: &mut Node) -> Instant {
     pump_with(a, b, Instant(u64::MAX), &mut |_, _| false)
 }
 
-fn sg(key: u32, addr: u64, len: u32) -> ArrayVec<Sge, 8> {
-    let mut v = ArrayVec::new();
+fn sg(key: u32, addr: u64, len: u32) -> SgList {
+    let mut v = SgList::new();
     v.push(Sge {
         addr,
         length: len,
@@ -760,7 +759,7 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
             let wr = |op| SendWr {
                 wr_id: id,
                 op,
-                sg: ArrayVec::new(),
+                sg: SgList::new(),
                 signaled: true,
                 solicited: false,
                 fence: false,
@@ -848,13 +847,13 @@ fn copies_of_one_request_post_under_their_own_ids() {
             remote_addr: BASE,
             rkey: b.key,
         },
-        ..template.clone()
+        ..template
     };
     assert_eq!(a.qp.post_send_copy(&read, 1, Some(&[1])), Err(bad));
     assert_eq!(a.qp.post_send_copy(&template, 1, Some(&[0; 401])), Err(bad));
     let ungathered = SendWr {
         inline: true,
-        ..template.clone()
+        ..template
     };
     assert_eq!(a.qp.post_send_copy(&ungathered, 1, None), Err(bad));
 }
@@ -1518,27 +1517,27 @@ fn ud_posts_are_checked() {
         ..wr
     };
     let send = SendWr::new(1, SendOp::Send, sg(a.key, BASE, 8));
-    assert!(e(q.post_send(send.clone())).contains("destination"));
+    assert!(e(q.post_send(send)).contains("destination"));
     let write = SendWr {
         op: SendOp::Write {
             remote_addr: BASE,
             rkey: 1,
         },
-        ..to_b(send.clone())
+        ..to_b(send)
     };
     assert!(e(q.post_send(write)).contains("only SEND"));
     let long = SendWr {
         sg: sg(a.key, BASE, 1025),
-        ..to_b(send.clone())
+        ..to_b(send)
     };
     assert!(e(q.post_send(long)).contains("one packet"));
-    let mut mixed = to_b(send.clone());
+    let mut mixed = to_b(send);
     if let Some(d) = mixed.ud.as_mut() {
         d.path.remote_ip = "fd00::2".parse().unwrap();
     }
     assert!(e(q.post_send(mixed)).contains("destination"));
     assert_eq!(q.outstanding(), 0, "refused posts leave nothing behind");
-    q.post_send(to_b(send.clone())).unwrap();
+    q.post_send(to_b(send)).unwrap();
     // An RC QP takes no destination.
     let (mut rc, _) = pair(Mtu::M1024, 0, 0);
     assert!(e(rc.qp.post_send(to_b(send))).contains("destination"));
