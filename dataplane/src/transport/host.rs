@@ -936,7 +936,6 @@ impl<B: PacketBuf> RdmaHost<B> {
 
     /// Takes a stream's completions and tops its send queue up; replies when it is done.
     fn feed(&mut self, i: usize, now: crate::time::Instant) {
-        let wcs = &mut self.wcs;
         let mrs = &self.mrs;
         let Some(slot) = self.slots[i].as_mut() else {
             return;
@@ -945,20 +944,14 @@ impl<B: PacketBuf> RdmaHost<B> {
             return;
         };
         let before = st.done;
-        loop {
-            wcs.clear();
-            if slot.scq.poll(64, wcs) == 0 {
-                break;
+        slot.scq.drain_each(|c| {
+            st.outstanding = st.outstanding.saturating_sub(1);
+            if c.status == super::cq::WcStatus::Success {
+                st.done += 1;
+            } else {
+                st.errors += 1;
             }
-            for c in wcs.iter() {
-                st.outstanding = st.outstanding.saturating_sub(1);
-                if c.status == super::cq::WcStatus::Success {
-                    st.done += 1;
-                } else {
-                    st.errors += 1;
-                }
-            }
-        }
+        });
         if st.done > before {
             let per = now.0.saturating_sub(st.started.0) as f64 / st.done as f64;
             st.best_ns_per_wr = st.best_ns_per_wr.min(per);
