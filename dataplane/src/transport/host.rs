@@ -648,6 +648,10 @@ impl Stream {
 /// Posts a copy of `wr` under `wr_id` (a stream's or a latency test's next request), its
 /// inline bytes gathered first.
 fn post_copy(qp: &mut RcQp, mrs: &MrTable, wr: &SendWr, wr_id: u64) -> Result<(), PostError> {
+    if !wr.inline {
+        // (Not through `inline_bytes`: its answer, 520 bytes, is copied even when empty.)
+        return qp.post_send_copy(wr, wr_id, None);
+    }
     let d = super::wr::inline_bytes(mrs, wr)?;
     qp.post_send_copy(wr, wr_id, d.as_deref())
 }
