@@ -47,6 +47,9 @@ struct Args {
     /// Outstanding at most.
     #[arg(short = 't', default_value_t = 128)]
     depth: usize,
+    /// Congestion control on the QPs (none or dcqcn, which roced's QPs have by default).
+    #[arg(long, default_value = "none")]
+    cc: String,
 }
 
 type Host = Worker<MemQueue, RdmaHost<dataplane::buf::HeapBuf>, ManualClock>;
@@ -77,6 +80,10 @@ impl Two {
 
 fn main() {
     let a = Args::parse();
+    let Ok(cc) = a.cc.parse::<CcKind>() else {
+        eprintln!("stream_cost: --cc must be dcqcn or none");
+        std::process::exit(2);
+    };
     let info = |i: u16| PortInfo::virtual_port(i, 9000);
     let (qa, qb) = link(info(1), info(2), 8192);
     let clock = ManualClock::default();
@@ -117,7 +124,7 @@ fn main() {
                 caps: QpCaps::default(),
                 pd: None,
                 cqs: [None; 2],
-                cc: CcKind::None,
+                cc,
                 params: DcqcnParams::nvidia(),
                 reply,
             })
