@@ -714,6 +714,8 @@ impl RcQp {
             Some(_) => SgList::new(),
             None => wr.sg,
         };
+        // Built in place, as `post` builds its own: handing the request to `post` by value
+        // costs 20 to 80 more instructions a message (stream_cost under callgrind).
         self.sq.push_back(SendWqe {
             wr: SendWr { wr_id, sg, ..*wr },
             plan: p,
