@@ -2190,6 +2190,27 @@ pub struct Pair {
     pub qpb: u32,
 }
 
+/// Hands host 0 or 1 of a pair a command and waits for its answer: through the command
+/// channels of running lcores, or by a driver that runs both workers itself.
+pub trait Asker {
+    /// Sends host `i` the command `make` builds around a reply channel; the reply.
+    fn ask<T>(
+        &mut self,
+        i: usize,
+        make: impl FnOnce(Sender<T>) -> RdmaCommand,
+    ) -> Result<T, String>;
+}
+
+impl Asker for [&HostControl; 2] {
+    fn ask<T>(
+        &mut self,
+        i: usize,
+        make: impl FnOnce(Sender<T>) -> RdmaCommand,
+    ) -> Result<T, String> {
+        ask(self[i], make)
+    }
+}
+
 /// Registers a 4 MiB region at [`PAIR_VA`] on each host and connects an RC QP pair at `mtu`
 /// with congestion control `cc` (A's address 1, B's 2, as [`Path::sim`] gives).
 pub fn connect_pair(
@@ -2198,41 +2219,53 @@ pub fn connect_pair(
     mtu: super::qp::Mtu,
     cc: CcKind,
 ) -> Result<Pair, String> {
+    connect_pair_with(&mut [a, b], mtu, cc)
+}
+
+/// [`connect_pair`] through any [`Asker`] (host 0 is A, host 1 is B).
+pub fn connect_pair_with(
+    x: &mut impl Asker,
+    mtu: super::qp::Mtu,
+    cc: CcKind,
+) -> Result<Pair, String> {
     use super::qp::Path;
-    const VA: u64 = PAIR_VA;
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let reg = |c: &HostControl| {
-        ask(c, |reply| RdmaCommand::RegMr {
-            va: VA,
-            len: 4 << 20,
-            access: all,
-            reply,
-        })?
-        .map_err(|e| e.to_string())
-    };
-    let (ka, kb) = (reg(a)?, reg(b)?);
-    let create = |c: &HostControl| {
-        ask(c, |reply| RdmaCommand::CreateQp {
+    let mut keys = [0u32; 2];
+    let mut qpns = [0u32; 2];
+    for i in 0..2 {
+        keys[i] = x
+            .ask(i, |reply| RdmaCommand::RegMr {
+                va: PAIR_VA,
+                len: 4 << 20,
+                access: all,
+                reply,
+            })?
+            .map_err(|e| e.to_string())?;
+        qpns[i] = x.ask(i, |reply| RdmaCommand::CreateQp {
             caps: QpCaps::default(),
             pd: None,
             cqs: [None; 2],
             cc,
             params: DcqcnParams::nvidia(),
             reply,
-        })?
-    };
-    let (qpa, qpb) = (create(a)?, create(b)?);
-    for (c, me, other, q, peer) in [(a, 1, 2, qpa, qpb), (b, 2, 1, qpb, qpa)] {
-        let conn = Connect::new(Path::sim(me, other, 0xc000), mtu, peer);
-        ask(c, |reply| RdmaCommand::Connect {
-            qpn: q,
+        })??;
+    }
+    for (i, me, other) in [(0, 1, 2), (1, 2, 1)] {
+        let conn = Connect::new(Path::sim(me, other, 0xc000), mtu, qpns[1 - i]);
+        x.ask(i, |reply| RdmaCommand::Connect {
+            qpn: qpns[i],
             c: Box::new(conn),
             port: 0,
             reply,
         })??;
     }
-    Ok(Pair { ka, kb, qpa, qpb })
+    Ok(Pair {
+        ka: keys[0],
+        kb: keys[1],
+        qpa: qpns[0],
+        qpb: qpns[1],
+    })
 }
 
 /// Checks two hosts whose ports are joined (A's `me` address 1, B's 2, as [`Path::sim`]
