@@ -33,8 +33,13 @@ impl<K: Copy + Eq + Hash + Ord> TimerQueue<K> {
         }
     }
 
-    /// Sets (or moves) `key`'s deadline.
+    /// Sets (or moves) `key`'s deadline. Setting the deadline it has already changes nothing
+    /// (a QP's transmit sets its timer after every burst, mostly to the same time: each of
+    /// those used to leave one more stale entry in the heap).
     pub fn set(&mut self, key: K, at: Instant) {
+        if self.live.get(&key).is_some_and(|(t, _)| *t == at) {
+            return;
+        }
         self.next_gen += 1;
         self.live.insert(key, (at, self.next_gen));
         self.heap.push(Reverse((at, self.next_gen, key)));
@@ -122,6 +127,17 @@ mod tests {
         assert_eq!(q.pop_expired(Instant(100)), Some(1));
         assert_eq!(q.pop_expired(Instant(100)), Some(2));
         assert_eq!(q.pop_expired(Instant(100)), None);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn setting_the_same_deadline_again_adds_nothing() {
+        let mut q = TimerQueue::default();
+        for _ in 0..1000 {
+            q.set(7u32, Instant(50));
+        }
+        assert_eq!((q.len(), q.heap.len()), (1, 1));
+        assert_eq!(q.pop_expired(Instant(50)), Some(7));
         assert!(q.is_empty());
     }
 
