@@ -139,6 +139,23 @@ class Vm:
         tail = open(self.console, errors="replace").read()[-2000:] if os.path.exists(self.console) else ""
         raise RuntimeError("%s: rxe0 not ACTIVE in %ds; console:\n%s" % (self.name, timeout, tail))
 
+    def nic_stalled(self):
+        """True once the guest's kernel has reported its NIC's transmit queue stuck: QEMU's
+        virtio-net under TCG stopped taking the guest's frames (seen once in CI, 37 s into a
+        run, the VM unreachable from then on). The guest cannot recover from it by itself."""
+        try:
+            with open(self.console, errors="replace") as f:
+                return "NETDEV WATCHDOG" in f.read()
+        except OSError:
+            return False
+
+    def restart(self):
+        """A fresh VM in place of this one (same addresses; a new console log)."""
+        self.stop()
+        nsx("ip link del fxtap%d" % self.i, check=False)
+        self.start()
+        self.wait_ready()
+
     def stop(self):
         if self.sock:
             self.sock.close()
