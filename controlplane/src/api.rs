@@ -1035,6 +1035,38 @@ fn ud_dest(s: &ApiState, qpn: u32, b: &SendBody) -> Result<Option<UdDest>, ApiEr
         .map(Some)
 }
 
+/// How long a test on the lcore runs: so many messages or iterations, or so long.
+enum RunLength {
+    Count(u64),
+    Duration(Duration),
+}
+
+/// Exactly one of `count` (the body's field `name`, 1 to `max`) and `duration_ms` (1 ms to
+/// 10 minutes, perftest's -D); anything else is a bad request with `code`.
+fn count_or_duration(
+    (name, count): (&str, Option<u64>),
+    max: u64,
+    duration_ms: Option<u64>,
+    code: &'static str,
+) -> Result<RunLength, ApiError> {
+    match (count, duration_ms) {
+        (Some(_), Some(_)) => Err(ApiError::bad(
+            code,
+            format!("give {name} or duration_ms, not both"),
+        )),
+        (None, None) => Err(ApiError::bad(
+            code,
+            format!("{name} or duration_ms is required"),
+        )),
+        (Some(c), None) if (1..=max).contains(&c) => Ok(RunLength::Count(c)),
+        (Some(_), None) => Err(ApiError::bad(code, format!("{name} is 1 to {max}"))),
+        (None, Some(ms)) if (1..=600_000).contains(&ms) => {
+            Ok(RunLength::Duration(Duration::from_millis(ms)))
+        }
+        (None, Some(_)) => Err(ApiError::bad(code, "duration_ms is 1 to 600000")),
+    }
+}
+
 /// A stream's count and duration: with `duration_ms` (1 ms to 10 minutes, perftest's -D) the
 /// count is only an upper bound and may be left out; without it the count is 1 to 100M.
 fn stream_limits(
@@ -1408,29 +1440,18 @@ impl RecvStreamBody {
         if wait_ms > 600_000 {
             return Err(ApiError::bad("bad_wr", "timeout_ms is at most 600000"));
         }
-        let (count, duration) = match (self.count, self.duration_ms) {
-            (Some(_), Some(_)) => {
-                return Err(ApiError::bad(
-                    "bad_wr",
-                    "give count or duration_ms, not both",
-                ));
+        let length = count_or_duration(
+            ("count", self.count),
+            100_000_000,
+            self.duration_ms,
+            "bad_wr",
+        )?;
+        let (count, duration) = match length {
+            RunLength::Count(c) if self.posted > c => {
+                return Err(ApiError::bad("bad_wr", "posted is at most count"));
             }
-            (None, None) => {
-                return Err(ApiError::bad("bad_wr", "count or duration_ms is required"));
-            }
-            (Some(c), None) if (1..=100_000_000).contains(&c) && self.posted <= c => (c, None),
-            (Some(_), None) => {
-                return Err(ApiError::bad(
-                    "bad_wr",
-                    "count is 1 to 100000000, posted at most count",
-                ));
-            }
-            (None, Some(ms)) if (1..=600_000).contains(&ms) => {
-                (u64::MAX, Some(Duration::from_millis(ms)))
-            }
-            (None, Some(_)) => {
-                return Err(ApiError::bad("bad_wr", "duration_ms is 1 to 600000"));
-            }
+            RunLength::Count(c) => (c, None),
+            RunLength::Duration(d) => (u64::MAX, Some(d)),
         };
         let recv = RecvWr {
             wr_id: self.wr_id,
@@ -1506,15 +1527,10 @@ async fn qp_latency(State(s): State<Arc<ApiState>>, Path(q): Path<String>, b: By
     }
     let wr = send_wr(&b.wr)?;
     let wait_ms = b.timeout_ms.unwrap_or(60_000);
-    let (iters, duration) = match (b.iters, b.duration_ms) {
-        (Some(n), None) if (1..=MAX_LAT_ITERS).contains(&n) => (n, None),
-        (None, Some(ms)) if (1..=600_000).contains(&ms) => (0, Some(Duration::from_millis(ms))),
-        _ => {
-            return Err(ApiError::bad(
-                "bad_test",
-                format!("give iters (1 to {MAX_LAT_ITERS}) or duration_ms (1 to 600000)"),
-            ));
-        }
+    let length = count_or_duration(("iters", b.iters), MAX_LAT_ITERS, b.duration_ms, "bad_test")?;
+    let (iters, duration) = match length {
+        RunLength::Count(n) => (n, None),
+        RunLength::Duration(d) => (0, Some(d)),
     };
     if wait_ms > 600_000 {
         return Err(ApiError::bad("bad_test", "timeout_ms is at most 600000"));
