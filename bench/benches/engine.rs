@@ -88,11 +88,11 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
         };
         let s = Instant::now();
         a.qp.post_send(wr).unwrap();
-        assert!(a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut frame));
+        assert!(a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut a.rcq, &mut frame));
         t[0] += s.elapsed();
         let s = Instant::now();
         b.qp.handle_frame(now, frame.data(), &mut b.mrs, &mut b.scq, &mut b.rcq);
-        assert!(b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut ack));
+        assert!(b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut b.rcq, &mut ack));
         t[1] += s.elapsed();
         let s = Instant::now();
         a.qp.handle_frame(now, ack.data(), &mut a.mrs, &mut a.scq, &mut a.rcq);

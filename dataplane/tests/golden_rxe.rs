@@ -352,7 +352,13 @@ fn ud_pingpong_datagrams_through_a_ud_qp() {
         });
         tx.post_send(wr).unwrap();
         let mut out = Vec::new();
-        assert!(tx.poll_transmit(dataplane::time::Instant(0), &tmrs, &mut scq, &mut out));
+        assert!(tx.poll_transmit(
+            dataplane::time::Instant(0),
+            &tmrs,
+            &mut scq,
+            &mut rcq,
+            &mut out
+        ));
         parse(&out, Checks::ALL).expect("our datagram parses and its ICRC verifies");
         assert_eq!(out.len(), f.len());
         let (n, icrc) = (f.len(), 4);
@@ -367,7 +373,13 @@ fn ud_pingpong_datagrams_through_a_ud_qp() {
             wcs.iter().map(|c| c.status).collect::<Vec<_>>(),
             [WcStatus::Success]
         );
-        assert!(!tx.poll_transmit(dataplane::time::Instant(0), &tmrs, &mut scq, &mut out));
+        assert!(!tx.poll_transmit(
+            dataplane::time::Instant(0),
+            &tmrs,
+            &mut scq,
+            &mut rcq,
+            &mut out
+        ));
     }
     assert_eq!(datagrams, 8, "4 iterations each way");
 }

@@ -401,7 +401,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         for (i, s) in senders.iter_mut().enumerate() {
             let node = sender_node(i);
             while net.busy_until(node, RECEIVER) <= now
-                && s.qps[0].poll_transmit(now, &s.mrs, &mut s.scq[0], &mut buf)
+                && s.qps[0].poll_transmit(now, &s.mrs, &mut s.scq[0], &mut s.rcq[0], &mut buf)
             {
                 net.send(now, node, RECEIVER, buf.clone());
             }
@@ -409,7 +409,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         for (i, qp) in recv.qps.iter_mut().enumerate() {
             let to = sender_node(i);
             while net.busy_until(RECEIVER, to) <= now
-                && qp.poll_transmit(now, &recv.mrs, &mut recv.scq[i], &mut buf)
+                && qp.poll_transmit(now, &recv.mrs, &mut recv.scq[i], &mut recv.rcq[i], &mut buf)
             {
                 net.send(now, RECEIVER, to, buf.clone());
             }
@@ -475,10 +475,10 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
             }
         }
         for s in senders.iter_mut() {
-            s.qps[0].handle_timeout(now, &mut s.scq[0]);
+            s.qps[0].handle_timeout(now, &mut s.scq[0], &mut s.rcq[0]);
         }
         for (i, qp) in recv.qps.iter_mut().enumerate() {
-            qp.handle_timeout(now, &mut recv.scq[i]);
+            qp.handle_timeout(now, &mut recv.scq[i], &mut recv.rcq[i]);
         }
     }
     rep.port = net.port_stats(last, RECEIVER, end).unwrap_or_default();

@@ -1395,7 +1395,9 @@ impl<B: PacketBuf> RdmaHost<B> {
                         None => break,
                     },
                 };
-                if s.qp.poll_transmit(now, &self.mrs, &mut s.scq, &mut buf) {
+                if s.qp
+                    .poll_transmit(now, &self.mrs, &mut s.scq, &mut s.rcq, &mut buf)
+                {
                     io.send(s.port, buf);
                     sent += 1;
                 } else {
@@ -2119,7 +2121,7 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         }
         while let Some(i) = self.timers.pop_expired(now) {
             if let Some(s) = self.slots[i as usize].as_mut() {
-                s.qp.handle_timeout(now, &mut s.scq);
+                s.qp.handle_timeout(now, &mut s.scq, &mut s.rcq);
                 let streaming = s.stream.is_some();
                 self.mark_ready(i as usize);
                 if streaming {

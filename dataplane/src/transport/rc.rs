@@ -687,6 +687,7 @@ impl RcQp {
             inline_at,
             posted_at: self.now,
         });
+        self.arm_ack_timer();
         Ok(())
     }
 
@@ -724,6 +725,7 @@ impl RcQp {
             inline_at,
             posted_at: self.now,
         });
+        self.arm_ack_timer();
         Ok(())
     }
 
@@ -946,10 +948,11 @@ impl RcQp {
         &mut self,
         now: Instant,
         mrs: &MrTable,
-        cq: &mut CompletionQueue,
+        scq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
-        let sent = self.next_frame(now, mrs, cq, out);
+        let sent = self.next_frame(now, mrs, scq, rcq, out);
         self.counters.sent_pkts += sent as u64;
         sent
     }
@@ -958,12 +961,13 @@ impl RcQp {
         &mut self,
         now: Instant,
         mrs: &MrTable,
-        cq: &mut CompletionQueue,
+        scq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
         self.now = self.now.max(now);
         if self.cfg.qp_type == QpType::Ud {
-            return self.next_datagram(mrs, cq, out);
+            return self.next_datagram(mrs, scq, rcq, out);
         }
         if self.cfg.path.is_none() {
             return false;
@@ -1039,7 +1043,7 @@ impl RcQp {
             Some(Ok(())) => {}
             Some(Err(_)) => {
                 // The local SG list is bad: complete in error and stop the QP.
-                self.fail_front(self.send_idx, WcStatus::LocProtErr, cq);
+                self.fail_front(self.send_idx, WcStatus::LocProtErr, scq, rcq);
                 return false;
             }
             None => return false,
@@ -1082,7 +1086,8 @@ impl RcQp {
     fn next_datagram<B: PacketBuf>(
         &mut self,
         mrs: &MrTable,
-        cq: &mut CompletionQueue,
+        scq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
         if self.cfg.state != QpState::Rts {
@@ -1133,11 +1138,11 @@ impl RcQp {
         });
         match built {
             Some(Ok(())) => {
-                self.complete_upto(1, cq);
+                self.complete_upto(1, scq);
                 true
             }
             Some(Err(_)) => {
-                self.fail_front(0, WcStatus::LocProtErr, cq);
+                self.fail_front(0, WcStatus::LocProtErr, scq, rcq);
                 false
             }
             None => false,
@@ -1155,6 +1160,7 @@ impl RcQp {
         info: &PacketInfo,
         frame: &[u8],
         mrs: &mut MrTable,
+        send_cq: &mut CompletionQueue,
         recv_cq: &mut CompletionQueue,
     ) {
         if !matches!(
@@ -1193,7 +1199,7 @@ impl RcQp {
                 0,
                 self.qpn,
             ));
-            self.cfg.state = QpState::Err;
+            self.enter_err(send_cq, recv_cq);
             return;
         }
         let mut c = wc(
@@ -1330,7 +1336,7 @@ impl RcQp {
         }
         self.counters.rcvd_pkts += 1;
         if self.cfg.qp_type == QpType::Ud {
-            self.receive_datagram(&info, frame, mrs, recv_cq);
+            self.receive_datagram(&info, frame, mrs, send_cq, recv_cq);
             return;
         }
         if info.opcode == op::CNP {
@@ -1346,10 +1352,10 @@ impl RcQp {
                 self.cfg.state,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
             ) {
-                self.respond(&info, frame, mrs, recv_cq);
+                self.respond(&info, frame, mrs, send_cq, recv_cq);
             }
         } else if info.op.has(mask::ACK) {
-            self.complete(&info, frame, mrs, send_cq);
+            self.complete(&info, frame, mrs, send_cq, recv_cq);
         }
     }
 
@@ -1395,6 +1401,7 @@ impl RcQp {
         info: &PacketInfo,
         frame: &[u8],
         mrs: &mut MrTable,
+        send_cq: &mut CompletionQueue,
         recv_cq: &mut CompletionQueue,
     ) {
         let req = Request {
@@ -1479,7 +1486,7 @@ impl RcQp {
                 }
                 self.push_ack(self.cfg.rq_psn, Syndrome::Nak(code));
                 if code != NakCode::PsnSequenceError {
-                    self.cfg.state = QpState::Err;
+                    self.enter_err(send_cq, recv_cq);
                 }
                 return;
             }
@@ -1504,7 +1511,7 @@ impl RcQp {
                 let _ = recv_cq.push(wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, self.qpn));
                 self.recv_cur = None;
                 self.push_ack(info.psn, Syndrome::Nak(NakCode::InvalidRequest));
-                self.cfg.state = QpState::Err;
+                self.enter_err(send_cq, recv_cq);
                 return;
             }
             *at += payload.len() as u64;
@@ -1541,7 +1548,7 @@ impl RcQp {
                 Ok(()) => {}
                 Err(_) => {
                     self.push_ack(info.psn, Syndrome::Nak(NakCode::RemoteAccessError));
-                    self.cfg.state = QpState::Err;
+                    self.enter_err(send_cq, recv_cq);
                     return;
                 }
             }
@@ -1621,25 +1628,46 @@ impl RcQp {
         self.retrying = false;
         self.retries_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
-        let busy = !self.sq.is_empty() && self.sent_hw.diff(self.una) > 0;
-        self.ack_deadline = if busy {
-            self.cfg.ack_timeout().map(|t| self.now + t)
-        } else {
-            None
-        };
+        self.ack_deadline = None;
+        self.arm_ack_timer();
+    }
+
+    /// Whether the QP is owed an answer: requests in flight, or (in RTS) requests waiting to
+    /// be sent. While it is, the ACK timer runs.
+    fn owes_progress(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc
+            && !self.sq.is_empty()
+            && match self.cfg.state {
+                QpState::Rts => true,
+                // A draining QP starts nothing new: only what is in flight is owed.
+                QpState::Sqd => self.sent_hw.diff(self.una) > 0,
+                _ => false,
+            }
+    }
+
+    /// Starts the ACK timer if it is not running and the QP is owed an answer (and is not
+    /// waiting out an RNR NAK). It runs whatever the port does: a QP whose frames cannot
+    /// leave (its link down, its peer gone) still times out, retries and fails with
+    /// RETRY_EXC_ERR after retry_cnt tries, as an RNIC's does.
+    fn arm_ack_timer(&mut self) {
+        if self.ack_deadline.is_none() && self.rnr_until.is_none() && self.owes_progress() {
+            self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
+        }
     }
 
     /// Retries from `psn` (go back N), or completes the front request with RETRY_EXC_ERR when
     /// retry_cnt tries have gone without progress. Until something new is acknowledged,
     /// acknowledgements still in flight from before start no other retry.
-    fn retry(&mut self, psn: Psn, cq: &mut CompletionQueue) {
+    fn retry(&mut self, psn: Psn, scq: &mut CompletionQueue, rcq: &mut CompletionQueue) {
         self.retrying = true;
         if self.retries_left == 0 {
-            self.fail_front(0, WcStatus::RetryExcErr, cq);
+            self.fail_front(0, WcStatus::RetryExcErr, scq, rcq);
             return;
         }
         self.retries_left -= 1;
         self.rewind(psn);
+        // The timer runs again from now, whether or not the resend can leave.
+        self.arm_ack_timer();
     }
 
     /// Go back N: send again from `psn`.
@@ -1694,6 +1722,7 @@ impl RcQp {
         frame: &[u8],
         mrs: &mut MrTable,
         cq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
     ) {
         let psn = info.psn;
         // An acknowledgement for a PSN never sent (or long acknowledged) is ignored.
@@ -1709,7 +1738,7 @@ impl RcQp {
         {
             if !self.retrying {
                 self.counters.implied_nak_seq_err += 1;
-                self.retry(self.una, cq);
+                self.retry(self.una, cq, rcq);
             }
             return;
         }
@@ -1726,7 +1755,7 @@ impl RcQp {
                 // A NAK for a retry already under way (a duplicate, or one that crossed our
                 // resend) starts nothing new.
                 if !self.retrying {
-                    self.retry(psn, cq);
+                    self.retry(psn, cq, rcq);
                 }
                 return;
             }
@@ -1737,7 +1766,7 @@ impl RcQp {
                     NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                     _ => WcStatus::RemInvReqErr,
                 };
-                self.fail_front(0, status, cq);
+                self.fail_front(0, status, cq, rcq);
                 return;
             }
             Some(Syndrome::RnrNak { timer }) => {
@@ -1745,7 +1774,7 @@ impl RcQp {
                 self.ack_upto(psn.sub(1), cq);
                 if self.cfg.rnr_retry != 7 {
                     if self.rnr_left == 0 {
-                        self.fail_front(0, WcStatus::RnrRetryExcErr, cq);
+                        self.fail_front(0, WcStatus::RnrRetryExcErr, cq, rcq);
                         return;
                     }
                     self.rnr_left -= 1;
@@ -1784,7 +1813,7 @@ impl RcQp {
                 if !self.read_win.has(psn) {
                     let at = psn.diff(w.first_psn) as u64 * mtu;
                     if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
-                        self.fail_front(0, WcStatus::LocProtErr, cq);
+                        self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                         return;
                     }
                     self.read_win.set(psn);
@@ -1801,13 +1830,13 @@ impl RcQp {
                     // The stream ended with holes: ask again from the oldest now rather than
                     // wait for the ACK timer (rxe retries at once on a READ response gap).
                     self.counters.implied_nak_seq_err += 1;
-                    self.retry(self.una, cq);
+                    self.retry(self.una, cq, rcq);
                 }
                 return;
             }
             if let Some(a) = info.atomic_ack(frame) {
                 if scatter(mrs, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
-                    self.fail_front(0, WcStatus::LocProtErr, cq);
+                    self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                     return;
                 }
                 self.una = psn.add(1);
@@ -1844,19 +1873,25 @@ impl RcQp {
 
     /// Runs the timers due at `now`: the end of an RNR wait, or the local ACK timeout (go back
     /// to the oldest unacknowledged PSN, or fail with RETRY_EXC_ERR after retry_cnt tries).
-    pub fn handle_timeout(&mut self, now: Instant, cq: &mut CompletionQueue) {
+    pub fn handle_timeout(
+        &mut self,
+        now: Instant,
+        scq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
+    ) {
         self.now = self.now.max(now);
         self.cc.handle_timeout(now, &self.cc_params);
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
+            self.arm_ack_timer();
         }
         if self.ack_deadline.is_some_and(|t| t <= now) {
             self.ack_deadline = None;
-            if self.sq.is_empty() || !matches!(self.cfg.state, QpState::Rts | QpState::Sqd) {
+            if !self.owes_progress() {
                 return;
             }
             self.counters.local_ack_timeout_err += 1;
-            self.retry(self.una, cq);
+            self.retry(self.una, scq, rcq);
         }
     }
 
@@ -1890,8 +1925,15 @@ impl RcQp {
         }
     }
 
-    /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it).
-    fn fail_front(&mut self, i: usize, status: WcStatus, cq: &mut CompletionQueue) {
+    /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it and
+    /// the receive queue).
+    fn fail_front(
+        &mut self,
+        i: usize,
+        status: WcStatus,
+        cq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
+    ) {
         match status {
             WcStatus::RetryExcErr => self.counters.req_transport_retries_exceeded += 1,
             WcStatus::RnrRetryExcErr => self.counters.req_rnr_retries_exceeded += 1,
@@ -1902,12 +1944,19 @@ impl RcQp {
         if let Some(w) = self.sq.pop_front() {
             let _ = cq.push(wc(w.wr.wr_id, status, w.wr.op.wc_opcode(), 0, self.qpn));
         }
-        self.send_idx = 0;
-        self.send_pkt = 0;
+        self.enter_err(cq, rcq);
+    }
+
+    /// Moves the QP to ERR by itself (a NAK it sent or took, retries run out, a bad local
+    /// SG list, a receive too small): its timers stop and both queues are flushed, as a
+    /// modify to ERR does.
+    fn enter_err(&mut self, scq: &mut CompletionQueue, rcq: &mut CompletionQueue) {
         self.cfg.state = QpState::Err;
         self.ack_deadline = None;
         self.rnr_until = None;
-        self.flush(cq);
+        self.read_win.clear();
+        self.flush(scq);
+        self.flush_recv(rcq);
     }
 
     /// Flushes every outstanding work request with WR_FLUSH_ERR (the QP is in ERR).
@@ -1925,16 +1974,14 @@ impl RcQp {
         self.send_pkt = 0;
     }
 
-    /// Flushes the receive queue with WR_FLUSH_ERR.
+    /// Flushes the receive queue with WR_FLUSH_ERR, the receive a multi-packet SEND was
+    /// filling first.
     pub fn flush_recv(&mut self, cq: &mut CompletionQueue) {
-        while let Some(w) = self.rq.pop_front() {
-            let _ = cq.push(wc(
-                w.wr_id,
-                WcStatus::WrFlushErr,
-                WcOpcode::Recv,
-                0,
-                self.qpn,
-            ));
+        self.in_message = InMessage::None;
+        let qpn = self.qpn;
+        let cur = self.recv_cur.take().map(|(w, _)| w);
+        for w in cur.into_iter().chain(self.rq.drain(..)) {
+            let _ = cq.push(wc(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, qpn));
         }
     }
 }

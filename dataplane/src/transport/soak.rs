@@ -468,7 +468,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         let mut moved = false;
         for (si, s) in sides.iter_mut().enumerate() {
             for q in 0..n {
-                while s.qps[q].poll_transmit(now, &s.mrs, &mut s.scq[q], &mut buf) {
+                while s.qps[q].poll_transmit(now, &s.mrs, &mut s.scq[q], &mut s.rcq[q], &mut buf) {
                     if std::env::var_os("SOAK_TRACE_TX").is_some()
                         && let Ok(p) = parse(&buf, Checks::NONE)
                     {
@@ -532,7 +532,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
             }
             for s in sides.iter_mut() {
                 for (q, qp) in s.qps.iter_mut().enumerate() {
-                    qp.handle_timeout(now, &mut s.scq[q]);
+                    qp.handle_timeout(now, &mut s.scq[q], &mut s.rcq[q]);
                 }
             }
             moved = true;

@@ -115,13 +115,17 @@ fn pump_on(
     let (na, nb) = (NodeId(0), NodeId(1));
     loop {
         // Like a NIC: a frame goes only when the link has finished the previous one.
-        while net.busy_until(na, nb) <= now && a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut buf)
+        while net.busy_until(na, nb) <= now
+            && a.qp
+                .poll_transmit(now, &a.mrs, &mut a.scq, &mut a.rcq, &mut buf)
         {
             if !drop(0, &buf, now) {
                 net.send(now, na, nb, buf.clone());
             }
         }
-        while net.busy_until(nb, na) <= now && b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut buf)
+        while net.busy_until(nb, na) <= now
+            && b.qp
+                .poll_transmit(now, &b.mrs, &mut b.scq, &mut b.rcq, &mut buf)
         {
             if !drop(1, &buf, now) {
                 net.send(now, nb, na, buf.clone());
@@ -148,8 +152,8 @@ fn pump_on(
             let n = if to == NodeId(1) { &mut *b } else { &mut *a };
             n.qp.handle_frame(now, &f, &mut n.mrs, &mut n.scq, &mut n.rcq);
         }
-        a.qp.handle_timeout(now, &mut a.scq);
-        b.qp.handle_timeout(now, &mut b.scq);
+        a.qp.handle_timeout(now, &mut a.scq, &mut a.rcq);
+        b.qp.handle_timeout(now, &mut b.scq, &mut b.rcq);
     }
 }
 
@@ -362,6 +366,14 @@ fn read_and_atomics_return_remote_data() {
 #[test]
 fn rkey_violation_naks_errors_and_flushes() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    for n in [&mut a, &mut b] {
+        let key = n.key;
+        n.qp.post_recv(RecvWr {
+            wr_id: 70,
+            sg: sg(key, BASE, 64),
+        })
+        .unwrap();
+    }
     for (i, rkey) in [(1u64, b.key ^ 2), (2, b.key), (3, b.key)] {
         a.qp.post_send(SendWr {
             wr_id: i,
@@ -394,6 +406,17 @@ fn rkey_violation_naks_errors_and_flushes() {
         QpState::Err,
         "the responder's QP goes to error too"
     );
+    // Both entered ERR by themselves (one took the NAK, one sent it): both receive queues
+    // are flushed.
+    for n in [&mut a, &mut b] {
+        assert_eq!(
+            polled(&mut n.rcq)
+                .iter()
+                .map(|c| (c.wr_id, c.status))
+                .collect::<Vec<_>>(),
+            vec![(70, WcStatus::WrFlushErr)]
+        );
+    }
 }
 
 fn syndrome_of(f: &[u8]) -> Option<u8> {
@@ -575,6 +598,100 @@ fn ack_timeout_retransmits_then_gives_up() {
     );
     // timeout 14 = 67.1 ms; four of them.
     assert!(t.as_nanos() >= 4 * (4096u64 << 14), "{t:?}");
+}
+
+/// Runs only `n`'s timers from `from` on, as when its port takes no frame (link down, peer
+/// gone): at most `limit` of them. The time of the last.
+fn run_timers_alone(n: &mut Node, from: Instant, limit: usize) -> Instant {
+    let mut now = from;
+    for _ in 0..limit {
+        let Some(t) = n.qp.poll_timeout() else { break };
+        now = now.max(t);
+        n.qp.handle_timeout(now, &mut n.scq, &mut n.rcq);
+    }
+    now
+}
+
+#[test]
+fn a_qp_whose_port_cannot_send_still_times_out_and_fails() {
+    // retry_cnt 3 at timeout 14 (67.1 ms): four timeouts, then RETRY_EXC_ERR, whether the
+    // first frame left before the port stopped taking frames or never left at all.
+    let timeout = 4096u64 << 14;
+    for sent_before in [true, false] {
+        let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 3, 7);
+        let b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
+        a.qp.post_recv(RecvWr {
+            wr_id: 50,
+            sg: sg(a.key, BASE, 64),
+        })
+        .unwrap();
+        a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+        a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+        if sent_before {
+            let mut f = Vec::new();
+            assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
+        }
+        let end = run_timers_alone(&mut a, Instant(0), 100);
+        assert_eq!(a.qp.cfg.state, QpState::Err, "sent before: {sent_before}");
+        assert_eq!(a.qp.counters.local_ack_timeout_err, 4);
+        assert_eq!(a.qp.counters.req_transport_retries_exceeded, 1);
+        assert_eq!(
+            end.as_nanos(),
+            4 * timeout,
+            "retry_cnt + 1 timeouts, no more"
+        );
+        assert_eq!(
+            polled(&mut a.scq)
+                .iter()
+                .map(|c| (c.wr_id, c.status))
+                .collect::<Vec<_>>(),
+            vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+        );
+        assert_eq!(
+            polled(&mut a.rcq)
+                .iter()
+                .map(|c| (c.wr_id, c.status))
+                .collect::<Vec<_>>(),
+            vec![(50, WcStatus::WrFlushErr)],
+            "entering ERR flushes the receive queue too"
+        );
+        assert_eq!(a.qp.poll_timeout(), None, "an errored QP has no timer");
+    }
+}
+
+#[test]
+fn an_idle_qp_or_one_that_waits_out_an_rnr_nak_does_not_time_out() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    assert_eq!(a.qp.poll_timeout(), None, "nothing posted, nothing owed");
+    // An RNR wait does not count against retry_cnt: the SEND waits for a receive, RNR NAK
+    // after RNR NAK (rnr_retry 7: forever), far longer than the ACK timeout, then lands.
+    a.qp.post_send(SendWr {
+        wr_id: 9,
+        op: SendOp::Send,
+        sg: sg(a.key, BASE, 100),
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: false,
+        ud: None,
+    })
+    .unwrap();
+    let t = pump_with(&mut a, &mut b, Instant(300_000_000), &mut |_, _| false);
+    assert_eq!(a.qp.cfg.state, QpState::Rts);
+    assert_eq!(a.qp.counters.local_ack_timeout_err, 0);
+    b.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg: sg(b.key, BASE, 4096),
+    })
+    .unwrap();
+    pump_with(
+        &mut a,
+        &mut b,
+        Instant(t.as_nanos() + 20_000_000),
+        &mut |_, _| false,
+    );
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(a.qp.poll_timeout(), None, "all answered: the timer stops");
 }
 
 #[test]
@@ -1043,7 +1160,7 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
         })
         .unwrap();
         let mut f = Vec::new();
-        assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+        assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
         frames.push(f);
     }
     let mut deliver = |f: &[u8]| {
@@ -1053,7 +1170,10 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
     let mut sent = Vec::new();
     let mut f = Vec::new();
     let mut drain = |b: &mut Node, sent: &mut Vec<u8>| {
-        while b.qp.poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut f) {
+        while b
+            .qp
+            .poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut b.rcq, &mut f)
+        {
             sent.push(opcode_of(&f).unwrap());
             assert_ne!(syndrome_of(&f).map(|s| s >> 5), Some(3), "no NAK");
         }
@@ -1093,7 +1213,10 @@ fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
     }
     let mut frames = Vec::new();
     let mut f = Vec::new();
-    while a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f) {
+    while a
+        .qp
+        .poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f)
+    {
         frames.push(without_ack_req(&f));
     }
     assert_eq!(frames.len(), 103);
@@ -1102,7 +1225,10 @@ fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
         for f in fs {
             b.qp.handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq, &mut b.rcq);
         }
-        while b.qp.poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut f) {
+        while b
+            .qp
+            .poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut b.rcq, &mut f)
+        {
             let p = parse(&f, Checks::ALL).unwrap();
             assert_eq!(p.opcode, op::RC_ACK);
             acks.push(p.psn.value());
@@ -1228,14 +1354,17 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
     peer.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
     a.qp.post_send(write_wr(&a, &peer, 1, 100)).unwrap();
     let mut f = Vec::new();
-    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
     assert!(crate::sim::mark_ce(&mut f));
     peer.qp
         .handle_frame(Instant(1), &f, &mut peer.mrs, &mut peer.scq, &mut peer.rcq);
-    while peer
-        .qp
-        .poll_transmit(Instant(1), &peer.mrs, &mut peer.scq, &mut cnp)
-    {
+    while peer.qp.poll_transmit(
+        Instant(1),
+        &peer.mrs,
+        &mut peer.scq,
+        &mut peer.rcq,
+        &mut cnp,
+    ) {
         if opcode_of(&cnp) == Some(op::CNP) {
             a.qp.handle_frame(Instant(2), &cnp, &mut a.mrs, &mut a.scq, &mut a.rcq);
         }
@@ -1254,15 +1383,15 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
         ..p
     });
     assert_eq!(a.qp.cc_params().rpg_time_reset, 1000);
-    a.qp.handle_timeout(Instant(2 + 300_000), &mut a.scq);
+    a.qp.handle_timeout(Instant(2 + 300_000), &mut a.scq, &mut a.rcq);
     assert_eq!(
         rate(&a).0,
         75e9,
         "the timer armed before the change fires once more"
     );
-    a.qp.handle_timeout(Instant(2 + 600_000), &mut a.scq);
+    a.qp.handle_timeout(Instant(2 + 600_000), &mut a.scq, &mut a.rcq);
     assert_eq!(rate(&a).0, 75e9, "then it runs every 1 ms");
-    a.qp.handle_timeout(Instant(2 + 1_300_000), &mut a.scq);
+    a.qp.handle_timeout(Instant(2 + 1_300_000), &mut a.scq, &mut a.rcq);
     assert_eq!(rate(&a).0, 87.5e9);
 }
 
@@ -1274,7 +1403,7 @@ fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
     a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
     // The first packet of WR 1 leaves, then the QP is asked to drain.
     let mut f = Vec::new();
-    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut f));
+    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
     b.qp.handle_frame(Instant(1), &f, &mut b.mrs, &mut b.scq, &mut b.rcq);
     a.qp.modify(&QpAttr {
         state: Some(QpState::Sqd),
@@ -1322,18 +1451,18 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     for _ in 0..3 {
         assert!(
             a1.qp
-                .poll_transmit(Instant(0), &a1.mrs, &mut a1.scq, &mut v)
+                .poll_transmit(Instant(0), &a1.mrs, &mut a1.scq, &mut a1.rcq, &mut v)
         );
         assert!(
             a2.qp
-                .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut h)
+                .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut a2.rcq, &mut h)
         );
         assert_eq!(v, h.data());
         assert!(parse(h.data(), Checks::ALL).is_ok());
     }
     assert!(
         !a2.qp
-            .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut h)
+            .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut a2.rcq, &mut h)
     );
     // A buffer too small for the MTU's payload gets no frame, and nothing is lost: the packet
     // is built later into one that fits.
@@ -1350,11 +1479,11 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     let mut small = Small(HeapBuf::new());
     assert!(
         !a3.qp
-            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut small)
+            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut a3.rcq, &mut small)
     );
     assert!(
         a3.qp
-            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut h)
+            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut a3.rcq, &mut h)
     );
     assert_eq!(parse(h.data(), Checks::ALL).unwrap().payload_len, 4096);
 }
