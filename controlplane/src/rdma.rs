@@ -601,10 +601,17 @@ impl Rdma {
 
     /// Destroys a CQ; refused while a QP uses it.
     pub fn destroy_cq(&self, cqn: u32) -> Result<(), ApiError> {
-        let l = self.cq_lcore(cqn)?;
+        // The table stays locked from the look-up until the entry is gone: the lcore frees
+        // the number as it destroys the CQ, and a create that reuses it must not be unlinked
+        // by this removal (nor a second destroy of this number reach the new CQ).
+        let mut cqs = self.cqs.lock().expect("cq table");
+        let l = cqs
+            .get(&cqn)
+            .map(|c| c.0)
+            .ok_or_else(|| ApiError::not_found(format!("no CQ {cqn}")))?;
         self.ask(l, |reply| RdmaCommand::DestroyCq { cqn, reply })?
             .map_err(|e| ApiError::conflict("cq_busy", format!("{e}: destroy those QPs first")))?;
-        self.cqs.lock().expect("cq table").remove(&cqn);
+        cqs.remove(&cqn);
         Ok(())
     }
 
@@ -841,6 +848,9 @@ impl Rdma {
         params
             .validate()
             .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
+        // The region table's lock before the QP table's, never after (list_pds takes both
+        // in that order).
+        let pd = self.pd_or_default(None)?;
         let mut qps = self.qps.lock().expect("qp table");
         if qps.len() + count > MAX_QPS {
             return Err(ApiError::conflict(
@@ -852,7 +862,6 @@ impl Rdma {
             ));
         }
         let lcore = self.pick_lcore(lcore, &qps)?;
-        let pd = self.pd_or_default(None)?;
         // In chunks, so the lcore never stops polling its queues for long.
         let mut made: Vec<u32> = Vec::with_capacity(count);
         while made.len() < count {
@@ -955,9 +964,15 @@ impl Rdma {
 
     /// Destroys several QPs: none if one of them does not exist.
     pub fn destroy_qps(&self, qpns: &[u32]) -> Result<(), ApiError> {
+        // Locked throughout, as in `destroy_qp`.
+        let mut t = self.qps.lock().expect("qp table");
         let mut by_lcore: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for &q in qpns {
-            by_lcore.entry(self.lcore_of(q)?).or_default().push(q);
+            let l = t
+                .get(&q)
+                .map(|m| m.lcore)
+                .ok_or_else(|| ApiError::not_found(format!("no QP {q}")))?;
+            by_lcore.entry(l).or_default().push(q);
         }
         for (l, all) in by_lcore {
             for chunk in all.chunks(BULK_CHUNK) {
@@ -965,7 +980,6 @@ impl Rdma {
                     qpns: chunk.to_vec(),
                     reply,
                 })?;
-                let mut t = self.qps.lock().expect("qp table");
                 for q in chunk {
                     t.remove(q);
                 }
@@ -1053,9 +1067,15 @@ impl Rdma {
 
     /// Destroys a QP.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), ApiError> {
-        let l = self.lcore_of(qpn)?;
+        // As for CQs: the table is locked from the look-up until the entry is gone, so a
+        // create that reuses the freed number is never unlinked.
+        let mut qps = self.qps.lock().expect("qp table");
+        let l = qps
+            .get(&qpn)
+            .map(|m| m.lcore)
+            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
         self.ask(l, |reply| RdmaCommand::DestroyQp { qpn, reply })?;
-        self.qps.lock().expect("qp table").remove(&qpn);
+        qps.remove(&qpn);
         Ok(())
     }
 
