@@ -4,6 +4,7 @@
 //! The nodes' lcores share this machine's two CPUs, so the tests run one at a time.
 
 mod common;
+use common::rdma::*;
 use common::*;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -117,8 +118,8 @@ fn gauge_sum(text: &str, name: &str) -> f64 {
 #[test]
 fn concurrent_creates_and_destroys_leave_the_tables_and_the_lcores_agreeing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let node = lone_node("race", 7590);
-    let addr = "127.0.0.1:7590";
+    let node = lone_node("race", 7620);
+    let addr = "127.0.0.1:7620";
     let api = Api::new(addr);
     // 100 clients at once, 20 creates each, 15 of them destroyed again: 3,500 calls a kind.
     let qps = churn(
@@ -175,4 +176,75 @@ fn concurrent_creates_and_destroys_leave_the_tables_and_the_lcores_agreeing() {
     assert!(listed(&api, "/v1/cqs", "cqn").is_empty());
     let (rc, _, log) = node.terminate();
     assert_eq!(rc, 0, "{log}");
+}
+
+/// The first of a node's QP's counters named `name`.
+fn qp_counter(api: &Api, qpn: u32, name: &str) -> u64 {
+    let (_, v) = api.get(&format!("/v1/qps/{qpn}"));
+    v["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"))
+}
+
+#[test]
+fn a_qp_whose_port_stops_taking_frames_fails_within_its_retries() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("stall", 7622);
+    let ra = reg(&n.api[0], 4 << 20);
+    let rb = reg(&n.api[1], 4 << 20);
+    let (qa, _) = pair(&n, Some(0), Some(0), 1024, false);
+    // A's lcore streams 64 KiB WRITEs to B, 16 at a time, far longer than the test lasts.
+    let a = n.api[0].base.trim_start_matches("http://").to_string();
+    let body = json!({"opcode": "write", "sge": sge(ra.1, 65536, ra.0), "remote_addr": rb.1,
+                      "rkey": rb.0, "count": 100_000_000u64, "depth": 16, "timeout_ms": 60000});
+    let stream =
+        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
+    let t0 = std::time::Instant::now();
+    while qp_counter(&n.api[0], qa, "sent_pkts") < 10_000 && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        qp_counter(&n.api[0], qa, "sent_pkts") >= 10_000,
+        "the stream runs"
+    );
+    // B stops polling (SIGSTOP): its memif rings fill and A's port takes no more frames. A's
+    // QP must time out retry_cnt + 1 times (7 + 1 at 67 ms) and fail, as an RNIC's does when
+    // its link goes down, not sit in RTS while the port is full.
+    let b_pid = n.nodes[1].as_ref().unwrap().child.id() as i32;
+    // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
+    unsafe { libc::kill(b_pid, libc::SIGSTOP) };
+    let stopped = std::time::Instant::now();
+    let mut state = String::new();
+    while stopped.elapsed() < Duration::from_secs(30) {
+        let (_, v) = n.api[0].get(&format!("/v1/qps/{qa}"));
+        state = v["state"].as_str().unwrap_or_default().to_string();
+        if state == "ERR" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = stopped.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(b_pid, libc::SIGCONT) };
+    assert_eq!(
+        state, "ERR",
+        "A's QP after 30 s of a port that takes nothing"
+    );
+    assert_eq!(
+        qp_counter(&n.api[0], qa, "req_transport_retries_exceeded"),
+        1
+    );
+    assert!(qp_counter(&n.api[0], qa, "local_ack_timeout_err") >= 8);
+    let (s, r) = stream.join().unwrap();
+    assert!(
+        s < 500,
+        "the stream ends with an answer, not a server error: {s} {r}"
+    );
+    assert!(
+        r.to_string().contains("RETRY_EXC_ERR") || r["errors"].as_u64().is_some_and(|e| e > 0),
+        "the stream says it failed: {s} {r}"
+    );
+    eprintln!("A's QP reached ERR {took:?} after B stopped taking frames");
+    n.stop();
 }

@@ -367,3 +367,87 @@ pub fn write_every_pair(n: &Cluster, pairs: &[(usize, u32, u32)], ra: (u32, u64)
         );
     }
 }
+
+/// The configuration of one of [`memif_nodes`]: two lcores, a memif port of MTU 9000 with
+/// 10.89.0.`me`/24 and fd89::`me`/64, its API on 127.0.0.1:`api`.
+pub fn memif_node_config(
+    prefix: &str,
+    role: &str,
+    sock: &str,
+    me: u8,
+    peer: u8,
+    api: u16,
+) -> String {
+    format!(
+        r#"[eal]
+file_prefix = "{prefix}"
+[dataplane]
+lcores = [0, 1]
+mbufs = 16383
+idle_sleep_us = 20
+[[ports]]
+device = "net_memif0,role={role},socket={sock}"
+mtu = 9000
+addresses = ["10.89.0.{me}/24", "fd89::{me}/64"]
+probes = ["10.89.0.{peer}"]
+[api]
+listen = "127.0.0.1:{api}"
+"#
+    )
+}
+
+/// Two nodes, A (10.89.0.1, fd89::1) and B (.2), joined by memif.
+pub fn memif_nodes(tag: &str, api_base: u16) -> Cluster {
+    require_root();
+    let dir = tmpdir(tag);
+    let sock = dir.join("memif.sock");
+    let sock = sock.to_str().unwrap();
+    let pid = std::process::id();
+    let mut a = Roced::start(
+        &dir,
+        "a",
+        &memif_node_config(
+            &format!("ferroce-r{tag}-a-{pid}"),
+            "server",
+            sock,
+            1,
+            2,
+            api_base,
+        ),
+        None,
+        &[],
+    );
+    // The memif server's socket must exist before the client starts.
+    assert!(
+        a.wait_log("lcores running", Duration::from_secs(30)),
+        "node A did not start:\n{}",
+        a.log_text()
+    );
+    let b = Roced::start(
+        &dir,
+        "b",
+        &memif_node_config(
+            &format!("ferroce-r{tag}-b-{pid}"),
+            "client",
+            sock,
+            2,
+            1,
+            api_base + 1,
+        ),
+        None,
+        &[],
+    );
+    Cluster::new(
+        vec![a, b],
+        vec![
+            format!("127.0.0.1:{api_base}"),
+            format!("127.0.0.1:{}", api_base + 1),
+        ],
+        vec![
+            ("10.89.0.1".into(), "fd89::1".into()),
+            ("10.89.0.2".into(), "fd89::2".into()),
+        ],
+        Vec::new(),
+        dir,
+    )
+}
