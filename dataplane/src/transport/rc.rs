@@ -447,6 +447,8 @@ pub struct RcQp {
     recv_cur: Option<(RecvWr, u64)>,
     write_cur: Option<(u32, u64)>,
     write_len: u32,
+    /// Bytes of the WRITE in progress not yet received (its DMA length less what came).
+    write_left: u32,
     in_message: InMessage,
     nak_sent: bool,
     /// Packets executed since the last ACK we queued.
@@ -498,6 +500,7 @@ impl RcQp {
             recv_cur: None,
             write_cur: None,
             write_len: 0,
+            write_left: 0,
             in_message: InMessage::None,
             nak_sent: false,
             unacked: 0,
@@ -1425,6 +1428,7 @@ impl RcQp {
             max_dest_rd_atomic: self.cfg.max_dest_rd_atomic,
             min_rnr_timer: self.cfg.min_rnr_timer,
             recv_available: !self.rq.is_empty(),
+            write_left: self.write_left,
         };
         let off = match check(&st, &req, mrs) {
             Verdict::Execute { mr_offset } => mr_offset,
@@ -1506,7 +1510,10 @@ impl RcQp {
             let Some((wr, at)) = self.recv_cur.as_mut() else {
                 return;
             };
-            if scatter(mrs, &wr.sg, *at, payload).is_err() {
+            // A SEND longer than its receive is a length error before anything is placed
+            // (rxe checks the receive's room first too).
+            let room: u64 = wr.sg.iter().map(|s| s.length as u64).sum();
+            if *at + payload.len() as u64 > room || scatter(mrs, &wr.sg, *at, payload).is_err() {
                 let wr_id = wr.wr_id;
                 let _ = recv_cq.push(wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, self.qpn));
                 self.recv_cur = None;
@@ -1539,6 +1546,7 @@ impl RcQp {
             if let Some(r) = req.reth {
                 self.write_cur = Some((r.rkey, r.va));
                 self.write_len = r.dma_len;
+                self.write_left = r.dma_len;
                 debug_assert!(mrs.get(r.rkey).is_ok_and(|m| m.offset(r.va, 0) == Ok(off)));
             }
             let Some((rkey, va)) = self.write_cur else {
@@ -1553,6 +1561,7 @@ impl RcQp {
                 }
             }
             self.write_cur = Some((rkey, va + payload.len() as u64));
+            self.write_left -= payload.len() as u32; // the checks held it to write_left
             self.in_message = if o.has(mask::LAST) {
                 InMessage::None
             } else {
@@ -1812,7 +1821,15 @@ impl RcQp {
                 }
                 if !self.read_win.has(psn) {
                     let at = psn.diff(w.first_psn) as u64 * mtu;
-                    if scatter(mrs, &w.wr.sg, at, info.payload(frame)).is_err() {
+                    // Each response carries one MTU of the READ, the last what is left: a
+                    // response longer or shorter than that is a length error (rxe's
+                    // check_length), never placed.
+                    let payload = info.payload(frame);
+                    if payload.len() as u64 != w.len.saturating_sub(at).min(mtu) {
+                        self.fail_front(0, WcStatus::LocLenErr, cq, rcq);
+                        return;
+                    }
+                    if scatter(mrs, &w.wr.sg, at, payload).is_err() {
                         self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                         return;
                     }

@@ -60,6 +60,9 @@ pub struct ResponderState {
     pub min_rnr_timer: u8,
     /// A receive WQE is posted.
     pub recv_available: bool,
+    /// Bytes the WRITE in progress still owes its RETH's DMA length (after its FIRST and any
+    /// MIDDLEs): each MIDDLE must leave some for the LAST, which must bring exactly the rest.
+    pub write_left: u32,
 }
 
 /// The outcome of the checks.
@@ -146,10 +149,20 @@ pub fn check(s: &ResponderState, req: &Request, mrs: &MrTable) -> Verdict {
     if !len_ok {
         return Verdict::Nak(NakCode::InvalidRequest);
     }
-    if let (true, Some(r)) = (op.has(mask::RETH) && op.has(mask::WRITE), req.reth)
-        && (op.has(mask::LAST) && req.payload_len != r.dma_len || r.dma_len < req.payload_len)
-    {
-        return Verdict::Nak(NakCode::InvalidRequest);
+    // A WRITE is held to its RETH's DMA length: ONLY carries all of it, FIRST one MTU of a
+    // longer message, each MIDDLE one MTU short of the end, and LAST exactly what is left
+    // (rxe's resid). A message longer or shorter than it said is an invalid request.
+    if op.has(mask::WRITE) {
+        let ok = match (req.reth, op.has(mask::FIRST), op.has(mask::LAST)) {
+            (Some(r), true, true) => req.payload_len == r.dma_len,
+            (Some(r), true, false) => r.dma_len > req.payload_len,
+            (None, false, false) => s.write_left > req.payload_len,
+            (None, false, true) => s.write_left == req.payload_len,
+            _ => false,
+        };
+        if !ok {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
     }
     // CHK_RKEY
     let target = match (need, req.reth, req.atomic) {
@@ -220,6 +233,7 @@ mod tests {
             max_dest_rd_atomic: 4,
             min_rnr_timer: 12,
             recv_available: true,
+            write_left: 0,
         }
     }
 

@@ -694,6 +694,268 @@ fn an_idle_qp_or_one_that_waits_out_an_rnr_nak_does_not_time_out() {
     assert_eq!(a.qp.poll_timeout(), None, "all answered: the timer stops");
 }
 
+/// A frame like `template` (a real one between the two nodes) with this opcode, PSN, RETH,
+/// AETH and payload: what a peer, or someone forging its packets, could send.
+fn forge(
+    template: &[u8],
+    opcode: u8,
+    psn: u32,
+    reth: Option<crate::wire::reth::Repr>,
+    aeth: Option<aeth::Repr>,
+    payload: &[u8],
+) -> Vec<u8> {
+    let info = parse(template, Checks::ALL).unwrap();
+    let mut repr = RoceRepr::parse(template, &info).unwrap();
+    repr.bth.opcode = opcode;
+    repr.bth.psn = Psn::new(psn);
+    repr.bth.ack_req = true;
+    repr.ext = ExtRepr {
+        reth,
+        aeth,
+        ..Default::default()
+    };
+    let head = repr.header_len();
+    let mut f = vec![0u8; repr.frame_len(payload.len())];
+    f[head..head + payload.len()].copy_from_slice(payload);
+    repr.emit(&mut f, payload.len(), false).unwrap();
+    f
+}
+
+/// The first frame `n` sends for `wr`, taken off the wire (a template for forged ones).
+fn first_frame(n: &mut Node, wr: SendWr) -> Vec<u8> {
+    n.qp.post_send(wr).unwrap();
+    let mut f = Vec::new();
+    assert!(n.qp.poll_transmit(Instant(0), &n.mrs, &mut n.scq, &mut n.rcq, &mut f));
+    f
+}
+
+/// Hands `frames` to `n` and returns the AETH syndromes of everything it answers.
+fn answers(n: &mut Node, frames: &[Vec<u8>]) -> Vec<u8> {
+    for f in frames {
+        n.qp.handle_frame(Instant(1), f, &mut n.mrs, &mut n.scq, &mut n.rcq);
+    }
+    let mut out = Vec::new();
+    let mut f = Vec::new();
+    while n
+        .qp
+        .poll_transmit(Instant(1), &n.mrs, &mut n.scq, &mut n.rcq, &mut f)
+    {
+        out.extend(syndrome_of(&f));
+    }
+    out
+}
+
+/// Forged packets, as (opcode, payload bytes).
+type Packets = &'static [(u8, usize)];
+
+#[test]
+fn a_multi_packet_write_is_held_to_its_reth_length() {
+    use crate::wire::reth;
+    const NAK_INVALID: u8 = 0x61;
+    let k = |dma_len: u32, b: &Node| {
+        Some(reth::Repr {
+            va: BASE,
+            rkey: b.key,
+            dma_len,
+        })
+    };
+    let mtu = vec![0xabu8; 1024];
+    // (RETH DMA length, packets as (opcode, payload bytes)), and whether B takes the message.
+    let cases: [(u32, Packets, bool); 6] = [
+        // A FIRST for one MTU has nothing left for its MIDDLE and LAST: 3 KiB for 1 KiB.
+        (
+            1024,
+            &[
+                (op::RC_WRITE_FIRST, 1024),
+                (op::RC_WRITE_MIDDLE, 1024),
+                (op::RC_WRITE_LAST, 1024),
+            ],
+            false,
+        ),
+        // 2 KiB said, a MIDDLE and a LAST more sent.
+        (
+            2048,
+            &[
+                (op::RC_WRITE_FIRST, 1024),
+                (op::RC_WRITE_MIDDLE, 1024),
+                (op::RC_WRITE_LAST, 1024),
+            ],
+            false,
+        ),
+        // 2 KiB said, 1028 bytes sent.
+        (
+            2048,
+            &[(op::RC_WRITE_FIRST, 1024), (op::RC_WRITE_LAST, 4)],
+            false,
+        ),
+        // An ONLY shorter than its RETH.
+        (100, &[(op::RC_WRITE_ONLY, 60)], false),
+        // What the lengths say: 2 KiB and 2,052 bytes.
+        (
+            2048,
+            &[(op::RC_WRITE_FIRST, 1024), (op::RC_WRITE_LAST, 1024)],
+            true,
+        ),
+        (
+            2052,
+            &[
+                (op::RC_WRITE_FIRST, 1024),
+                (op::RC_WRITE_MIDDLE, 1024),
+                (op::RC_WRITE_LAST, 4),
+            ],
+            true,
+        ),
+    ];
+    for (i, (dma, pkts, good)) in cases.into_iter().enumerate() {
+        let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+        let before = bytes(&b, BASE, 8192);
+        let w = write_wr(&a, &b, 1, 64);
+        let t = first_frame(&mut a, w);
+        let frames: Vec<Vec<u8>> = pkts
+            .iter()
+            .enumerate()
+            .map(|(j, &(opc, len))| {
+                let r = (j == 0).then(|| k(dma, &b)).flatten();
+                forge(&t, opc, j as u32, r, None, &mtu[..len])
+            })
+            .collect();
+        let got = answers(&mut b, &frames);
+        let placed = bytes(&b, BASE, 8192);
+        if good {
+            assert_eq!(got.last(), Some(&0x1f), "case {i}: ACKed: {got:x?}");
+            assert_eq!(b.qp.cfg.state, QpState::Rts, "case {i}");
+            assert!(
+                placed[..dma as usize].iter().all(|&x| x == 0xab),
+                "case {i}"
+            );
+            assert_eq!(placed[dma as usize..], before[dma as usize..], "case {i}");
+        } else {
+            assert_eq!(got.last(), Some(&NAK_INVALID), "case {i}: {got:x?}");
+            assert_eq!(b.qp.cfg.state, QpState::Err, "case {i}");
+            let written = placed.iter().zip(&before).filter(|(x, y)| x != y).count();
+            assert!(
+                written <= dma as usize,
+                "case {i}: {written} bytes written for {dma}"
+            );
+            assert_eq!(
+                placed[dma as usize..],
+                before[dma as usize..],
+                "case {i}: past the RETH"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_send_longer_than_its_receive_is_a_length_error_and_writes_nothing_past_it() {
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    b.qp.post_recv(RecvWr {
+        wr_id: 40,
+        sg: sg(b.key, BASE, 1500),
+    })
+    .unwrap();
+    let before = bytes(&b, BASE + 1024, 8192);
+    a.qp.post_send(SendWr {
+        wr_id: 3,
+        op: SendOp::Send,
+        sg: sg(a.key, BASE + 4096, 3000),
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: false,
+        ud: None,
+    })
+    .unwrap();
+    pump(&mut a, &mut b);
+    let c = polled(&mut b.rcq);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(40, WcStatus::LocLenErr)]
+    );
+    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(b.qp.cfg.state, QpState::Err);
+    // The first packet fit (1024 of 1500 bytes); the second did not and placed nothing.
+    assert_eq!(bytes(&b, BASE + 1024, 8192), before);
+}
+
+#[test]
+fn read_responses_are_held_to_the_reads_length() {
+    use crate::wire::opcode::op;
+    let ack = Some(aeth::Repr {
+        syndrome: Syndrome::Ack { credits: 31 },
+        msn: 1,
+    });
+    // (READ length, responses as (opcode, payload bytes)).
+    let cases: [(u32, Packets); 3] = [
+        (100, &[(op::RC_READ_RESPONSE_ONLY, 50)]),
+        (
+            2048,
+            &[
+                (op::RC_READ_RESPONSE_FIRST, 1024),
+                (op::RC_READ_RESPONSE_LAST, 4),
+            ],
+        ),
+        (
+            1500,
+            &[
+                (op::RC_READ_RESPONSE_FIRST, 1000),
+                (op::RC_READ_RESPONSE_LAST, 500),
+            ],
+        ),
+    ];
+    for (i, (len, pkts)) in cases.into_iter().enumerate() {
+        let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+        let read = SendWr {
+            wr_id: 5,
+            op: SendOp::Read {
+                remote_addr: BASE,
+                rkey: b.key,
+            },
+            sg: sg(a.key, BASE + 8192, len),
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: false,
+            ud: None,
+        };
+        first_frame(&mut a, read);
+        // B's frames carry B-to-A addressing: a template for its responses.
+        let w = write_wr(&b, &a, 9, 64);
+        let t = first_frame(&mut b, w);
+        let before = bytes(&a, BASE + 8192, len as usize);
+        let frames: Vec<Vec<u8>> = pkts
+            .iter()
+            .enumerate()
+            .map(|(j, &(opc, n))| {
+                let e = crate::wire::opcode::lookup(opc)
+                    .has(mask::AETH)
+                    .then_some(ack)
+                    .flatten();
+                forge(&t, opc, j as u32, None, e, &vec![0xcd; n])
+            })
+            .collect();
+        for f in &frames {
+            a.qp.handle_frame(Instant(1), f, &mut a.mrs, &mut a.scq, &mut a.rcq);
+        }
+        let c = polled(&mut a.scq);
+        assert_eq!(
+            c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            vec![(5, WcStatus::LocLenErr)],
+            "case {i}"
+        );
+        assert_eq!(a.qp.cfg.state, QpState::Err, "case {i}");
+        let after = bytes(&a, BASE + 8192, len as usize);
+        let bad_at = pkts
+            .iter()
+            .position(|&(_, n)| n != 1024.min(len as usize))
+            .unwrap();
+        assert!(
+            after[bad_at * 1024..] == before[bad_at * 1024..],
+            "case {i}: the bad response was not placed"
+        );
+    }
+}
+
 #[test]
 fn an_ack_for_a_psn_never_sent_is_ignored() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
