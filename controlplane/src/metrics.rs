@@ -39,6 +39,9 @@ fn rdma_help(name: &str) -> &'static str {
         "rp_cnp_received" => "CNPs received (reaction point)",
         "tx_attached_pkts" => "frames sent with their payload attached from the region",
         "qkey_violations" => "datagrams a UD QP dropped for carrying another Q_Key",
+        "rx_wrong_source" => {
+            "frames a connected QP dropped for coming from another address than its remote"
+        }
         _ => "RDMA transport counter",
     }
 }

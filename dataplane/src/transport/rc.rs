@@ -218,6 +218,9 @@ pub struct QpCounters {
     pub tx_attached_pkts: u64,
     /// Datagrams a UD QP dropped for a Q_Key other than its own (IBA's Q_Key violations).
     pub qkey_violations: u64,
+    /// Frames for a connected QP dropped for coming from an address other than its remote
+    /// GID, or to an address other than its own (spoofed or misrouted; rxe drops them too).
+    pub rx_wrong_source: u64,
 }
 
 impl QpCounters {
@@ -243,6 +246,7 @@ impl QpCounters {
             rp_cnp_received,
             tx_attached_pkts,
             qkey_violations,
+            rx_wrong_source,
         } = *o;
         self.sent_pkts += sent_pkts;
         self.rcvd_pkts += rcvd_pkts;
@@ -263,10 +267,11 @@ impl QpCounters {
         self.rp_cnp_received += rp_cnp_received;
         self.tx_attached_pkts += tx_attached_pkts;
         self.qkey_violations += qkey_violations;
+        self.rx_wrong_source += rx_wrong_source;
     }
 
     /// (name, value) pairs, in the order above.
-    pub fn named(&self) -> [(&'static str, u64); 19] {
+    pub fn named(&self) -> [(&'static str, u64); 20] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -293,6 +298,7 @@ impl QpCounters {
             ("rp_cnp_received", self.rp_cnp_received),
             ("tx_attached_pkts", self.tx_attached_pkts),
             ("qkey_violations", self.qkey_violations),
+            ("rx_wrong_source", self.rx_wrong_source),
         ]
     }
 }
@@ -569,6 +575,12 @@ impl RcQp {
     /// Applies a modify (see [`QpConfig::modify`]) and takes the new PSNs.
     pub fn modify(&mut self, a: &super::qp::QpAttr) -> Result<(), super::qp::ModifyError> {
         self.cfg.modify(a)?;
+        if let Some(p) = self.cfg.path.as_mut() {
+            // IPv4-mapped GIDs as the IPv4 addresses the wire carries, so that the receive
+            // path compares addresses as they are (see `handle_parsed`).
+            p.local_ip = p.local_ip.to_canonical();
+            p.remote_ip = p.remote_ip.to_canonical();
+        }
         if a.sq_psn.is_some() {
             self.next_psn = self.cfg.sq_psn;
             self.una = self.cfg.sq_psn;
@@ -1335,6 +1347,15 @@ impl RcQp {
         self.now = self.now.max(now);
         let info = *info;
         if info.dest_qp != self.qpn {
+            return;
+        }
+        // A connected QP takes frames only from its remote GID to its own (rxe's check_addr):
+        // anything else is spoofed or misrouted, whatever its QPN and PSN say.
+        if self.cfg.qp_type == QpType::Rc
+            && let Some(p) = &self.cfg.path
+            && (info.src_ip != p.remote_ip || info.dst_ip != p.local_ip)
+        {
+            self.counters.rx_wrong_source += 1;
             return;
         }
         self.counters.rcvd_pkts += 1;

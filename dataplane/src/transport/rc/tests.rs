@@ -749,6 +749,46 @@ fn answers(n: &mut Node, frames: &[Vec<u8>]) -> Vec<u8> {
 type Packets = &'static [(u8, usize)];
 
 #[test]
+fn a_request_from_another_source_than_the_qps_remote_is_dropped_and_counted() {
+    use crate::wire::reth;
+    let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
+    let w = write_wr(&a, &b, 1, 64);
+    let t = first_frame(&mut a, w);
+    let before = bytes(&b, BASE, 64);
+    let r = Some(reth::Repr {
+        va: BASE,
+        rkey: b.key,
+        dma_len: 64,
+    });
+    let real = forge(&t, op::RC_WRITE_ONLY, 0, r, None, &[0x5a; 64]);
+    // The same WRITE from 10.0.0.9, and one to an address B does not have: the QPN, PSN and
+    // key are right, the addresses are not.
+    let mut spoofed = Vec::new();
+    for (src, dst) in [
+        ([10, 0, 0, 9], [10, 0, 0, 2]),
+        ([10, 0, 0, 1], [10, 0, 0, 7]),
+    ] {
+        let info = parse(&real, Checks::ALL).unwrap();
+        let mut repr = RoceRepr::parse(&real, &info).unwrap();
+        let IpRepr::V4(ip) = &mut repr.ip else {
+            unreachable!()
+        };
+        (ip.src, ip.dst) = (src.into(), dst.into());
+        let mut f = real.clone();
+        repr.emit(&mut f, 64, false).unwrap();
+        spoofed.push(f);
+    }
+    assert!(answers(&mut b, &spoofed).is_empty(), "no ACK, no NAK");
+    assert_eq!(b.qp.counters.rx_wrong_source, 2);
+    assert_eq!(b.qp.counters.rcvd_pkts, 0);
+    assert_eq!(bytes(&b, BASE, 64), before, "nothing landed");
+    assert_eq!(b.qp.cfg.rq_psn, Psn::new(0), "the PSN did not move");
+    // The real one still lands.
+    assert_eq!(answers(&mut b, &[real]), vec![0x1f]);
+    assert_eq!(bytes(&b, BASE, 64), vec![0x5a; 64]);
+}
+
+#[test]
 fn a_multi_packet_write_is_held_to_its_reth_length() {
     use crate::wire::reth;
     const NAK_INVALID: u8 = 0x61;
