@@ -47,14 +47,17 @@ a mr show
 
 echo
 echo "== QP pairs: one over IPv4 at path MTU 1024, one over IPv6 at 512 (the ports' MTU is 1500)"
-qa4=$(a --json qp create | field qpn); qb4=$(b --json qp create | field qpn)
-qa6=$(a --json qp create | field qpn); qb6=$(b --json qp create | field qpn)
+# Each QP starts at a random PSN (its sq-psn): the peers exchange QPNs and PSNs, as verbs
+# programs do out of band.
+for q in a4 b4 a6 b6; do "${q:0:1}" --json qp create >"$out/qp$q"; done
+qa4=$(field qpn <"$out/qpa4"); qb4=$(field qpn <"$out/qpb4"); qa6=$(field qpn <"$out/qpa6"); qb6=$(field qpn <"$out/qpb6")
+pa4=$(field sq-psn <"$out/qpa4"); pb4=$(field sq-psn <"$out/qpb4"); pa6=$(field sq-psn <"$out/qpa6"); pb6=$(field sq-psn <"$out/qpb6")
 echo "-- a path MTU the port cannot carry is refused, and the QP stays in RESET:"
-a qp connect "$qa4" --remote-qpn "$qb4" --remote-gid 10.77.0.2 --mtu 4096 || echo "   (rocectl exit status $?)"
-a qp connect "$qa4" --remote-qpn "$qb4" --remote-gid 10.77.0.2 --mtu 1024 >/dev/null
-b qp connect "$qb4" --remote-qpn "$qa4" --remote-gid 10.77.0.1 --mtu 1024 >/dev/null
-a qp connect "$qa6" --remote-qpn "$qb6" --remote-gid fd77::2 --mtu 512 >/dev/null
-b qp connect "$qb6" --remote-qpn "$qa6" --remote-gid fd77::1 --mtu 512 >/dev/null
+a qp connect "$qa4" --remote-qpn "$qb4" --remote-gid 10.77.0.2 --remote-psn "$pb4" --mtu 4096 || echo "   (rocectl exit status $?)"
+a qp connect "$qa4" --remote-qpn "$qb4" --remote-gid 10.77.0.2 --remote-psn "$pb4" --mtu 1024 >/dev/null
+b qp connect "$qb4" --remote-qpn "$qa4" --remote-gid 10.77.0.1 --remote-psn "$pa4" --mtu 1024 >/dev/null
+a qp connect "$qa6" --remote-qpn "$qb6" --remote-gid fd77::2 --remote-psn "$pb6" --mtu 512 >/dev/null
+b qp connect "$qb6" --remote-qpn "$qa6" --remote-gid fd77::1 --remote-psn "$pa6" --mtu 512 >/dev/null
 echo "-- node A:"; a qp show
 echo "-- node B:"; b qp show
 

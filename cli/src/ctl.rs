@@ -19,7 +19,7 @@ use std::time::Duration;
 ///   rocectl mr reg --size 1M --access local-write,remote-write,remote-read
 ///   rocectl cq create --cqe 256
 ///   rocectl qp create --cq 1 --pd 1
-///   rocectl qp connect 1 --remote-qpn 1048577 --remote-gid 10.77.0.2 --mtu 4096
+///   rocectl qp connect 1 --remote-qpn 1048577 --remote-gid 10.77.0.2 --remote-psn 7003117 --mtu 4096
 ///   rocectl post write 1 --lkey 1 --addr 0x7f.. --length 4096 --rkey 1 --remote-addr 0x7f..
 ///   rocectl cq poll 1 --wait-ms 1000       (a created CQ; `--qp N` for a QP's own CQs)
 ///   rocectl --api 127.0.0.1:7471 qp show
@@ -239,12 +239,12 @@ pub enum QpVerb {
         /// The peer's GID: an IPv4 or IPv6 address.
         #[arg(long)]
         remote_gid: String,
-        /// The PSN the peer starts sending with.
-        #[arg(long, default_value_t = 0)]
+        /// The PSN the peer starts sending with: its sq-psn (`rocectl qp show` on its node).
+        #[arg(long)]
         remote_psn: u32,
-        /// The PSN this QP starts sending with.
-        #[arg(long, default_value_t = 0)]
-        local_psn: u32,
+        /// The PSN this QP starts sending with (default: the random one it was created with).
+        #[arg(long)]
+        local_psn: Option<u32>,
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
         #[arg(long)]
         mtu: Option<u32>,

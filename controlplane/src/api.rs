@@ -47,6 +47,9 @@ pub struct ApiState {
     pub impair_cfg: Mutex<Vec<[Value; 2]>>,
     /// The bearer token requests must carry, if one is set (`[api] token`).
     pub token: Option<String>,
+    /// Mbufs of the node's pool handed out (in ports' rings, lcores, frames in flight) and
+    /// its size, refreshed by the control loop.
+    pub mbufs: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl IntoResponse for ApiError {
@@ -73,6 +76,13 @@ fn created(v: Value) -> Reply {
 /// Parses a JSON body, refusing unknown fields with the serde message.
 fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ApiError> {
     let b: &[u8] = if b.is_empty() { b"{}" } else { b };
+    // Every body is a JSON object (serde would also take a struct's fields from an array).
+    if b.iter().find(|c| !c.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad(
+            "bad_body",
+            "request body: expected a JSON object",
+        ));
+    }
     serde_json::from_slice(b).map_err(|e| ApiError::bad("bad_body", format!("request body: {e}")))
 }
 
@@ -132,6 +142,14 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/{qpn}/recv-stream", post(qp_recv_stream))
         .route("/v1/recv-streams", post(recv_streams))
         .route("/v1/stats", get(stats))
+        .method_not_allowed_fallback(|req: axum::extract::Request| async move {
+            ApiError {
+                status: 405,
+                code: "method_not_allowed",
+                message: format!("{} does not take {}", req.uri().path(), req.method()),
+            }
+            .into_response()
+        })
         .fallback(|| async {
             ApiError::not_found("no such endpoint (the API is under /v1)").into_response()
         })
@@ -163,7 +181,7 @@ async fn authorize(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_credentials);
     // Compared in constant time: how much of a guess matched must not show in the timing.
     let ok = given.is_some_and(|g| {
         g.len() == token.len()
@@ -185,6 +203,15 @@ async fn authorize(
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         r
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme is matched without
+/// regard to case (RFC 7235, 2.1), then one or more spaces.
+fn bearer_credentials(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 /// A query string parsed, or the JSON error that says what is wrong with it.
@@ -665,8 +692,11 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         pd: b.pd,
         cqs: [b.send_cq, b.recv_cq],
     };
-    let (qpn, lcore) = blocking(move || s.rdma.create_qp(b.lcore, caps, place, cc, params)).await?;
-    created(json!({"qpn": qpn, "lcore": lcore, "type": caps.qp_type.name(), "state": "RESET"}))
+    let (qpn, lcore, psn) =
+        blocking(move || s.rdma.create_qp(b.lcore, caps, place, cc, params)).await?;
+    created(
+        json!({"qpn": qpn, "lcore": lcore, "type": caps.qp_type.name(), "state": "RESET", "sq-psn": psn}),
+    )
 }
 
 fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> Value {
@@ -832,8 +862,8 @@ fn attr_request(b: &QpAttrBody, need_remote: bool) -> Result<ConnectRequest, Api
     Ok(ConnectRequest {
         remote_qpn,
         remote_gid,
-        remote_psn: b.remote_psn.unwrap_or(0),
-        local_psn: b.local_psn.unwrap_or(0),
+        remote_psn: b.remote_psn,
+        local_psn: b.local_psn,
         mtu,
         timeout: check("timeout", b.timeout, 31, 14)?,
         retry_cnt: check("retry_cnt", b.retry_cnt, 7, 7)?,
@@ -1275,9 +1305,9 @@ struct BulkPeer {
     qpn: u32,
     remote_qpn: u32,
     #[serde(default)]
-    remote_psn: u32,
+    remote_psn: Option<u32>,
     #[serde(default)]
-    local_psn: u32,
+    local_psn: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -1713,4 +1743,37 @@ pub async fn serve(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(stop)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Opt {
+        #[serde(default)]
+        a: Option<u32>,
+    }
+
+    #[test]
+    fn a_body_is_a_json_object_or_empty() {
+        let ok = |s: &'static str| body::<Opt>(&Bytes::from_static(s.as_bytes())).map(|o| o.a);
+        assert_eq!(ok("").unwrap(), None, "no body: all defaults");
+        assert_eq!(ok(" {\"a\": 3}").unwrap(), Some(3));
+        for bad in ["[]", "[3]", "null", "3", "\"{}\"", " [ ]"] {
+            let e = ok(bad).unwrap_err();
+            assert_eq!((e.status, e.code), (400, "bad_body"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_regard_to_case() {
+        for v in ["Bearer t0k", "bearer t0k", "BEARER t0k", "Bearer   t0k"] {
+            assert_eq!(bearer_credentials(v), Some("t0k"), "{v}");
+        }
+        for v in ["Basic t0k", "Bearert0k", "t0k", ""] {
+            assert_eq!(bearer_credentials(v), None, "{v}");
+        }
+    }
 }

@@ -135,6 +135,17 @@ fn latency_text(out: &mut String, latency: &LatencyHistograms) {
 }
 
 fn ports(f: &Families, st: &ApiState) -> Result<(), String> {
+    let [used, size] = &st.mbufs;
+    f.int_gauge(
+        "ferroce_mbufs_in_use",
+        "mbufs of the node's pool handed out: in the ports' rings, on lcores, in flight",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(used.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    f.int_gauge("ferroce_mbufs", "mbufs in the node's pool", &[])?
+        .with_label_values(&[] as &[&str])
+        .set(size.load(std::sync::atomic::Ordering::Relaxed) as i64);
     let ports = st.ports.lock().expect("ports").clone();
     let counters = [
         (

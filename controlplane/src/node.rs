@@ -194,6 +194,7 @@ pub fn run(
                         impair,
                         lcore_counters: counters.to_vec(),
                         token: api_token.clone(),
+                        mbufs: Default::default(),
                         impair_cfg: std::sync::Mutex::new(vec![
                             [
                                 serde_json::Value::Null,
@@ -380,6 +381,10 @@ where
         {
             next_ports_refresh = Instant::now() + Duration::from_millis(250);
             *a.ports.lock().expect("ports") = ports_json(ports);
+            if let Some(p) = ports.first() {
+                a.mbufs[0].store(p.pool().in_use() as u64, Ordering::Relaxed);
+                a.mbufs[1].store(p.pool().size() as u64, Ordering::Relaxed);
+            }
         }
         for (i, p) in ports.iter().enumerate() {
             let up = p.link().up;
@@ -432,9 +437,22 @@ where
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    // The API stops first, so nothing is asked of lcores that are stopping.
+    // The API stops first, so nothing is asked of lcores that are stopping. Its graceful
+    // stop waits for the requests under way: running tests end now (their QPs to ERR, their
+    // callers answered), again until it has stopped, for one that began meanwhile; a -D 60
+    // stream would otherwise hold the stop for a minute.
     if let Some((tx, thread)) = server {
         let _ = tx.send(());
+        while !thread.is_finished() {
+            if let Some(a) = &api {
+                match a.rdma.cancel_tests() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(qps = n, "stopping: tests cancelled, their QPs in ERR"),
+                    Err(e) => tracing::warn!("stopping: cancelling tests: {}", e.message),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = thread.join();
     }
     // Then the lcores leave the ports alone (they still answer the questions below), so a

@@ -21,6 +21,7 @@ use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::{Connect, QpCaps};
 use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
+use dataplane::wire::Psn;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Condvar, Mutex};
@@ -211,10 +212,10 @@ pub struct ConnectRequest {
     pub remote_qpn: u32,
     /// The remote GID (IPv4, IPv4-mapped IPv6, or IPv6).
     pub remote_gid: IpAddr,
-    /// First PSN the remote sends (our rq_psn).
-    pub remote_psn: u32,
-    /// First PSN we send (our sq_psn).
-    pub local_psn: u32,
+    /// First PSN the remote sends (our rq_psn): needed to connect an RC QP (RTR).
+    pub remote_psn: Option<u32>,
+    /// First PSN we send (our sq_psn); None: the random one the QP was created with.
+    pub local_psn: Option<u32>,
     /// Path MTU.
     pub mtu: Mtu,
     /// Local ACK timeout code (4.096 us * 2^timeout).
@@ -237,12 +238,12 @@ pub struct ConnectRequest {
     pub port: usize,
 }
 
-/// The connect a request asks for, on `path`.
-fn connect_of(path: Path, r: &ConnectRequest) -> Connect {
+/// The connect a request asks for, on `path`, with the PSNs `Rdma::psns` settled.
+fn connect_of(path: Path, r: &ConnectRequest, (sq_psn, rq_psn): (u32, u32)) -> Connect {
     Connect {
         access: r.access,
-        sq_psn: r.local_psn,
-        rq_psn: r.remote_psn,
+        sq_psn,
+        rq_psn,
         timeout: r.timeout,
         retry_cnt: r.retry_cnt,
         rnr_retry: r.rnr_retry,
@@ -251,6 +252,29 @@ fn connect_of(path: Path, r: &ConnectRequest) -> Connect {
         max_dest_rd_atomic: r.max_rd_atomic,
         ..Connect::new(path, r.mtu, r.remote_qpn)
     }
+}
+
+/// Refuses QPNs and PSNs past 24 bits.
+fn check_24bit(r: &ConnectRequest) -> Result<(), ApiError> {
+    let big = |p: Option<u32>| p.is_some_and(|p| p > 0xff_ffff);
+    if r.remote_qpn > 0xff_ffff || big(r.remote_psn) || big(r.local_psn) {
+        return Err(ApiError::bad(
+            "bad_attr",
+            "QPNs and PSNs are 24-bit (at most 16777215)",
+        ));
+    }
+    Ok(())
+}
+
+/// The peer's first PSN, which an RC QP cannot be connected without (PSNs start at random).
+fn remote_psn(r: &ConnectRequest) -> Result<u32, ApiError> {
+    r.remote_psn.ok_or_else(|| {
+        ApiError::bad(
+            "missing",
+            "remote_psn is required: the PSN the peer QP starts sending with (its sq-psn, in \
+             GET /v1/qps/N on its node); QPs start at a random PSN",
+        )
+    })
 }
 
 /// Where a new QP goes: its protection domain and the created CQs its send and receive
@@ -272,6 +296,21 @@ struct QpMeta {
     pd: u32,
     /// Created CQs its send and receive completions go to.
     cqs: [Option<u32>; 2],
+    /// The PSN it starts sending with unless a connect or modify to RTS names another: drawn
+    /// at random when it is created (as perftest and rdma-core's examples draw theirs), so
+    /// that an off-path sender cannot guess where its sequence stands.
+    psn: u32,
+}
+
+/// 64 bits from the OS's random source (std's SipHash keys are drawn from it per hasher).
+fn os_random() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
+}
+
+/// A random starting PSN (24 bits).
+fn random_psn() -> u32 {
+    (os_random() & 0xff_ffff) as u32
 }
 
 /// The node's RDMA objects.
@@ -329,7 +368,8 @@ impl Rdma {
         macs: Vec<MacAddr>,
         line_bps: f64,
     ) -> Self {
-        let mut table = MrTable::new();
+        // Keys with a random 8-bit variant per slot, as RNICs give them.
+        let mut table = MrTable::with_key_seed(os_random() | 1);
         let pd = table.alloc_pd();
         Rdma {
             lcores,
@@ -763,7 +803,8 @@ impl Rdma {
 
     /// Creates an RC QP in RESET in protection domain `opts.pd` (None: the default), its
     /// completions going to the created CQs `opts.cqs` (None: CQs of its own), on `lcore`
-    /// (or the lcore of its CQs, or the lcore with fewest QPs).
+    /// (or the lcore of its CQs, or the lcore with fewest QPs): its QPN, lcore and the random
+    /// PSN it will start sending with.
     pub fn create_qp(
         &self,
         lcore: Option<usize>,
@@ -771,7 +812,7 @@ impl Rdma {
         opts: QpPlacement,
         cc: CcKind,
         params: DcqcnParams,
-    ) -> Result<(u32, usize), ApiError> {
+    ) -> Result<(u32, usize, u32), ApiError> {
         params
             .validate()
             .map_err(|e| ApiError::bad("bad_cc", e.to_string()))?;
@@ -824,15 +865,17 @@ impl Rdma {
                 reply,
             })?
             .map_err(|e| ApiError::bad("bad_caps", e))?;
+        let psn = random_psn();
         qps.insert(
             qpn,
             QpMeta {
                 lcore,
                 pd,
                 cqs: opts.cqs,
+                psn,
             },
         );
-        Ok((qpn, lcore))
+        Ok((qpn, lcore, psn))
     }
 
     /// Creates `count` RC QPs in RESET on one lcore (`lcore`, or the least loaded), all or
@@ -892,6 +935,7 @@ impl Rdma {
                     lcore,
                     pd,
                     cqs: [None; 2],
+                    psn: random_psn(),
                 },
             );
         }
@@ -913,12 +957,8 @@ impl Rdma {
         let (path, port) = self.path_for(*q0, r0)?;
         let mut by_lcore: BTreeMap<usize, Vec<(u32, Connect)>> = BTreeMap::new();
         for (qpn, r) in list {
-            if r.remote_qpn > 0xff_ffff || r.remote_psn > 0xff_ffff || r.local_psn > 0xff_ffff {
-                return Err(ApiError::bad(
-                    "bad_attr",
-                    "QPNs and PSNs are 24-bit (at most 16777215)",
-                ));
-            }
+            check_24bit(r)?;
+            let psns = self.psns(*qpn, r)?;
             let l = self.lcore_of(*qpn)?;
             let p = Path {
                 udp_sport: udp_sport(*qpn, path.local_ip, r.remote_gid, r.remote_qpn),
@@ -927,7 +967,7 @@ impl Rdma {
             by_lcore
                 .entry(l)
                 .or_default()
-                .push((*qpn, connect_of(p, r)));
+                .push((*qpn, connect_of(p, r, psns)));
         }
         let mut done: Vec<(usize, Vec<u32>)> = Vec::new();
         for (l, all) in by_lcore {
@@ -1059,9 +1099,13 @@ impl Rdma {
     /// A QP's attributes and counters.
     pub fn query_qp(&self, qpn: u32) -> Result<(usize, QpQuery), ApiError> {
         let l = self.lcore_of(qpn)?;
-        let q = self
+        let mut q = self
             .ask(l, |reply| RdmaCommand::Query { qpn, reply })?
             .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
+        if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            // Before RTS its send PSN is the one it will start with unless told another.
+            q.cfg.sq_psn = Psn::new(self.local_psn(qpn, None)?);
+        }
         Ok((l, q))
     }
 
@@ -1142,12 +1186,7 @@ impl Rdma {
     /// The path of QP `qpn` to its peer: checks the 24-bit numbers, resolves the GID to a
     /// port and next hop, checks the path MTU fits the port, picks the UDP source port.
     fn path_for(&self, qpn: u32, r: &ConnectRequest) -> Result<(Path, usize), ApiError> {
-        if r.remote_qpn > 0xff_ffff || r.remote_psn > 0xff_ffff || r.local_psn > 0xff_ffff {
-            return Err(ApiError::bad(
-                "bad_attr",
-                "QPNs and PSNs are 24-bit (at most 16777215)",
-            ));
-        }
+        check_24bit(r)?;
         let (port, local, mac, vlan) = self.resolve(r.remote_gid)?;
         if let Some(&port_mtu) = self.mtus.get(port) {
             // The largest packet of the path MTU: IP and UDP headers, BTH, the longest
@@ -1185,11 +1224,36 @@ impl Rdma {
         Ok((path, port))
     }
 
+    /// The PSN QP `qpn` starts sending with: the request's, or the one it was created with.
+    fn local_psn(&self, qpn: u32, given: Option<u32>) -> Result<u32, ApiError> {
+        match given {
+            Some(p) => Ok(p),
+            None => self
+                .qps
+                .lock()
+                .expect("qp table")
+                .get(&qpn)
+                .map(|m| m.psn)
+                .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}"))),
+        }
+    }
+
+    /// (our first PSN, the peer's first PSN) for connecting QP `qpn`.
+    fn psns(&self, qpn: u32, r: &ConnectRequest) -> Result<(u32, u32), ApiError> {
+        Ok((self.local_psn(qpn, r.local_psn)?, remote_psn(r)?))
+    }
+
     /// Takes a QP from RESET to RTS towards its peer.
     pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
+        if self.qp_type(qpn)? == QpType::Ud {
+            return Err(ApiError::conflict(
+                "bad_state",
+                dataplane::transport::qp::ModifyError::Datagram.to_string(),
+            ));
+        }
         let (path, port) = self.path_for(qpn, r)?;
-        let c = connect_of(path, r);
+        let c = connect_of(path, r, self.psns(qpn, r)?);
         self.ask(l, |reply| RdmaCommand::Connect {
             qpn,
             c: Box::new(c),
@@ -1287,7 +1351,7 @@ impl Rdma {
                     })?);
                     attr.path_mtu = Some(self.ud_mtu(port));
                 }
-                QpState::Rts => attr.sq_psn = Some(r.local_psn),
+                QpState::Rts => attr.sq_psn = Some(self.local_psn(qpn, r.local_psn)?),
                 _ => {}
             }
         } else {
@@ -1322,12 +1386,12 @@ impl Rdma {
                 attr.path = Some(path);
                 attr.path_mtu = Some(r.mtu);
                 attr.dest_qp = Some(r.remote_qpn);
-                attr.rq_psn = Some(r.remote_psn);
+                attr.rq_psn = Some(remote_psn(r)?);
                 attr.min_rnr_timer = Some(r.min_rnr_timer);
                 attr.max_dest_rd_atomic = Some(r.max_rd_atomic);
             }
             QpState::Rts => {
-                attr.sq_psn = Some(r.local_psn);
+                attr.sq_psn = Some(self.local_psn(qpn, r.local_psn)?);
                 attr.timeout = Some(r.timeout);
                 attr.retry_cnt = Some(r.retry_cnt);
                 attr.rnr_retry = Some(r.rnr_retry);
@@ -1536,6 +1600,14 @@ impl Rdma {
         (0..self.lcores.len())
             .map(|l| self.ask(l, |reply| RdmaCommand::Counters { reply }))
             .collect()
+    }
+
+    /// Ends every running stream and latency test on every lcore (the node is stopping):
+    /// their QPs go to ERR and each test answers its caller at once. How many QPs stopped.
+    pub fn cancel_tests(&self) -> Result<usize, ApiError> {
+        (0..self.lcores.len())
+            .map(|l| self.ask(l, |reply| RdmaCommand::CancelTests { reply }))
+            .sum()
     }
 
     /// The DCQCN line rate QPs start at.

@@ -178,6 +178,16 @@ fn concurrent_creates_and_destroys_leave_the_tables_and_the_lcores_agreeing() {
     assert_eq!(rc, 0, "{log}");
 }
 
+/// An unlabelled gauge's value in a node's /metrics.
+fn gauge(api: &Api, name: &str) -> f64 {
+    let (_, m) = api.get_bytes("/metrics");
+    String::from_utf8(m)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
 /// The first of a node's QP's counters named `name`.
 fn qp_counter(api: &Api, qpn: u32, name: &str) -> u64 {
     let (_, v) = api.get(&format!("/v1/qps/{qpn}"));
@@ -225,11 +235,18 @@ fn a_qp_whose_port_stops_taking_frames_fails_within_its_retries() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let took = stopped.elapsed();
+    // The frames A's port would not take wait in its lcore's transmit burst: mbufs in use,
+    // which the live gauge shows (memif itself holds none between bursts).
+    let used = gauge(&n.api[0], "ferroce_mbufs_in_use");
     // SAFETY: as above.
     unsafe { libc::kill(b_pid, libc::SIGCONT) };
     assert_eq!(
         state, "ERR",
         "A's QP after 30 s of a port that takes nothing"
+    );
+    assert!(
+        used > 0.0 && used < gauge(&n.api[0], "ferroce_mbufs"),
+        "{used}"
     );
     assert_eq!(
         qp_counter(&n.api[0], qa, "req_transport_retries_exceeded"),
@@ -247,4 +264,97 @@ fn a_qp_whose_port_stops_taking_frames_fails_within_its_retries() {
     );
     eprintln!("A's QP reached ERR {took:?} after B stopped taking frames");
     n.stop();
+}
+
+#[test]
+fn starting_psns_and_region_keys_are_drawn_at_random() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let node = lone_node("guess", 7624);
+    let api = Api::new("127.0.0.1:7624");
+    // Eight QPs: their starting PSNs (24 bits at random) all differ, none is 0, and each QP
+    // shows the one its creation answered with.
+    let mut psns = BTreeSet::new();
+    for _ in 0..8 {
+        let v = api.ok(api.post("/v1/qps", json!({})));
+        let (q, p) = (v["qpn"].as_u64().unwrap(), v["sq-psn"].as_u64().unwrap());
+        assert!(p <= 0xff_ffff, "{v}");
+        assert_eq!(api.ok(api.get(&format!("/v1/qps/{q}")))["sq-psn"], p);
+        psns.insert(p);
+    }
+    assert_eq!(psns.len(), 8, "{psns:?}");
+    assert!(!psns.contains(&0), "{psns:?}");
+    // Eight regions: keys are slot << 8 | a variant drawn at random, not 0x1, 0x101, ...
+    let keys: Vec<u64> = (0..8)
+        .map(|_| {
+            api.ok(api.post("/v1/mrs", json!({"length": 4096})))["lkey"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    let variants: BTreeSet<u64> = keys.iter().map(|k| k & 0xff).collect();
+    assert!(variants.len() > 1, "keys {keys:x?}");
+    assert!(!variants.contains(&0), "keys {keys:x?}");
+    // The pool's size and the mbufs in use (none: the memif port has no peer to fill its
+    // rings for), live.
+    assert_eq!(gauge(&api, "ferroce_mbufs"), 8191.0);
+    assert_eq!(gauge(&api, "ferroce_mbufs_in_use"), 0.0);
+    // A method an endpoint does not take is a 405 with the JSON error, like every refusal.
+    let (s, v) = api.delete("/v1/ports");
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (405, Some("method_not_allowed")),
+        "{v}"
+    );
+    // A body that is not a JSON object is refused, not read as an empty one.
+    let (s, v) = api.post_text("/v1/qps", "[]");
+    assert_eq!((s, v["code"].as_str()), (400, Some("bad_body")), "{v}");
+    let (rc, _, log) = node.terminate();
+    assert_eq!(rc, 0, "{log}");
+}
+
+#[test]
+fn a_stop_ends_a_running_stream_at_once_and_answers_its_caller() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("stop", 7626);
+    let ra = reg(&n.api[0], 4 << 20);
+    let rb = reg(&n.api[1], 4 << 20);
+    // A's QP waits 4.3 s for an ACK (timeout 20) before it retries: when B stops first, A's
+    // stream would only fail after 8 of those, so the stop must end it itself.
+    let (qa, qb) = (create_qp(&n.api[0], Some(0)), create_qp(&n.api[1], Some(0)));
+    n.api[0].ok(n.api[0].post(
+        &format!("/v1/qps/{qa}/connect"),
+        json!({"remote_qpn": qb, "remote_gid": "10.89.0.2", "remote_psn": psn_of(&n.api[1], qb),
+               "mtu": 1024, "timeout": 20}),
+    ));
+    connect(&n.api[1], qb, (&n.api[0], qa), "10.89.0.1", 1024);
+    // perftest's -D 60 through REST: a minute of 4 KiB WRITEs.
+    let a = n.api[0].base.trim_start_matches("http://").to_string();
+    let body = json!({"opcode": "write", "sge": sge(ra.1, 4096, ra.0), "remote_addr": rb.1,
+                      "rkey": rb.0, "count": 1_000_000_000u64, "depth": 16,
+                      "duration_ms": 60000, "timeout_ms": 120000});
+    let stream =
+        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
+    let t0 = std::time::Instant::now();
+    while qp_counter(&n.api[0], qa, "sent_pkts") < 1000 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        qp_counter(&n.api[0], qa, "sent_pkts") >= 1000,
+        "the stream runs"
+    );
+    // SIGTERM to both nodes (a memif pair stops together): they exit in seconds, not when the
+    // minute is up, and the stream's caller gets its answer.
+    let stopping = std::time::Instant::now();
+    let reports = n.stop();
+    let took = stopping.elapsed();
+    let (s, r) = stream.join().expect("the stream's caller got an answer");
+    assert!(s < 500, "{s} {r}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the nodes took {took:?} to stop"
+    );
+    // It ends as a run whose QP failed: what was in flight is flushed, counted as errors.
+    assert!(r["errors"].as_u64() > Some(0), "{s} {r}");
+    let _ = reports;
+    eprintln!("stopped in {took:?}; the stream answered {s} {r}");
 }

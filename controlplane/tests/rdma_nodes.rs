@@ -402,6 +402,11 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
         connect(json!({"remote_qpn": 2, "remote_gid": "10.89.0.2", "retry_cnt": 8})),
         (400, "bad_attr".into())
     );
+    // QPs start at random PSNs: a connect must say where the peer's starts.
+    assert_eq!(
+        connect(json!({"remote_qpn": 2, "remote_gid": "10.89.0.2"})),
+        (400, "missing".into())
+    );
     assert_eq!(
         a.ok(a.get(&format!("/v1/qps/{q}")))["state"],
         "RESET",
@@ -475,7 +480,7 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
     connect_pair_check(&n, q, qb, (key, addr));
     let again = code(a.post(
         &format!("/v1/qps/{q}/connect"),
-        json!({"remote_qpn": qb, "remote_gid": "10.89.0.2"}),
+        json!({"remote_qpn": qb, "remote_gid": "10.89.0.2", "remote_psn": psn_of(&n.api[1], qb)}),
     ));
     assert_eq!(again, (409, "bad_state".into()));
     assert_eq!(a.ok(a.get(&format!("/v1/qps/{q}")))["state"], "RTS");
@@ -565,8 +570,8 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
 
 /// Connects `qa` (node 0) and `qb` (node 1) and moves one WRITE into a fresh region on B.
 fn connect_pair_check(n: &Cluster, qa: u32, qb: u32, (ka, aa): (u32, u64)) {
-    connect(&n.api[0], qa, qb, "10.89.0.2", 1024);
-    connect(&n.api[1], qb, qa, "10.89.0.1", 1024);
+    connect(&n.api[0], qa, (&n.api[1], qb), "10.89.0.2", 1024);
+    connect(&n.api[1], qb, (&n.api[0], qa), "10.89.0.1", 1024);
     let (kb, ab) = reg(&n.api[1], 4096);
     put(&n.api[0], ka, aa, b"checked!");
     post(
@@ -893,10 +898,12 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
     assert_eq!(q[0]["send-cq"].to_string(), ca);
     assert_eq!(q[0]["recv-cq"].to_string(), ca);
     for i in 0..2 {
-        for (api, me, peer, gid) in [
-            (a, &qa[i], &qb[i], "10.89.0.2"),
-            (b, &qb[i], &qa[i], "10.89.0.1"),
+        for (api, me, peer_api, peer, gid) in [
+            (a, &qa[i], b, &qb[i], "10.89.0.2"),
+            (b, &qb[i], a, &qa[i], "10.89.0.1"),
         ] {
+            // The peer's starting PSN, as its node shows it.
+            let psn = rocectl_json(peer_api, &["qp", "show", peer])[0]["sq-psn"].to_string();
             let q = rocectl_json(
                 api,
                 &[
@@ -907,6 +914,8 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
                     peer,
                     "--remote-gid",
                     gid,
+                    "--remote-psn",
+                    &psn,
                 ],
             );
             assert_eq!(q["state"], "RTS", "{q}");
@@ -984,7 +993,10 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
         "00000000"
     );
 
-    // Receive completions go to B's CQ; moving a QP to ERR flushes its posted receives there.
+    // Receive completions go to B's CQ. B's first QP went to ERR by itself when it refused
+    // that WRITE (a responder's access error), so a receive posted to it completes at once,
+    // flushed, as verbs and rxe have it; the second QP's receive takes a SEND.
+    assert_eq!(rocectl_json(b, &["qp", "show", &qb[0]])[0]["state"], "ERR");
     let rb = (ab + 1024).to_string();
     for q in &qb {
         rocectl_json(
@@ -1000,20 +1012,28 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
             "post", "send", &qa[1], "--lkey", &ka, "--addr", &aa, "--length", "4",
         ],
     );
-    let got = poll_n(b, &cb, 1);
-    assert_eq!(
-        (got[0]["opcode"].as_str(), got[0]["qp_num"].to_string()),
-        (Some("recv"), qb[1].clone()),
-        "{got:?}"
-    );
+    let mut got: Vec<(String, String, String)> = poll_n(b, &cb, 2)
+        .iter()
+        .map(|c| {
+            (
+                c["qp_num"].to_string(),
+                c["opcode"].as_str().unwrap_or_default().to_string(),
+                c["status"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (
+            qb[0].clone(),
+            "recv".into(),
+            "Work Request Flushed Error".into(),
+        ),
+        (qb[1].clone(), "recv".into(), "success".into()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
     assert_eq!(poll_n(a, &ca, 1)[0]["opcode"], "send");
-    rocectl_json(b, &["qp", "modify", &qb[0], "--state", "ERR"]);
-    let got = poll_n(b, &cb, 1);
-    assert_eq!(
-        (got[0]["status"].as_str(), got[0]["qp_num"].to_string()),
-        (Some("Work Request Flushed Error"), qb[0].clone()),
-        "{got:?}"
-    );
 
     // A CQ that is not polled overflows into its error state, as on hardware: 4 entries
     // fit, the fifth is lost, and the CQ says so.
@@ -1505,8 +1525,15 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
         "{out}"
     );
 
-    let qa = rocectl_json(a, &["qp", "create", "--lcore", "0"])["qpn"].to_string();
-    let qb = rocectl_json(b, &["qp", "create", "--lcore", "1"])["qpn"].to_string();
+    // Each QP answers with the random PSN it starts at; the peers exchange them.
+    let (qa, pa) = {
+        let q = rocectl_json(a, &["qp", "create", "--lcore", "0"]);
+        (q["qpn"].to_string(), q["sq-psn"].to_string())
+    };
+    let (qb, pb) = {
+        let q = rocectl_json(b, &["qp", "create", "--lcore", "1"]);
+        (q["qpn"].to_string(), q["sq-psn"].to_string())
+    };
     let q = rocectl_json(
         a,
         &[
@@ -1517,11 +1544,15 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
             &qb,
             "--remote-gid",
             "10.89.0.2",
+            "--remote-psn",
+            &pb,
             "--mtu",
             "4096",
         ],
     );
     assert_eq!(q["state"], "RTS");
+    assert_eq!(q["sq-psn"].to_string(), pa, "it starts where it said");
+    assert_eq!(q["rq-psn"].to_string(), pb, "and expects the peer's");
     rocectl_json(
         b,
         &[
@@ -1532,6 +1563,8 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
             &qa,
             "--remote-gid",
             "10.89.0.1",
+            "--remote-psn",
+            &pa,
             "--mtu",
             "4096",
         ],
@@ -1625,6 +1658,8 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
             "1",
             "--remote-gid",
             "10.89.0.2",
+            "--remote-psn",
+            "0",
         ],
     );
     assert_eq!(code, 1);
@@ -1639,6 +1674,8 @@ fn rocectl_drives_two_nodes_from_regions_to_teardown() {
             &qb,
             "--remote-gid",
             "nowhere",
+            "--remote-psn",
+            &pb,
         ],
     );
     assert_eq!(code, 1);
@@ -1989,6 +2026,14 @@ fn a_token_guards_every_endpoint_but_health() {
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "[]", "the refused registration made no region");
+    // The scheme's case does not matter (RFC 7235); the token's does.
+    for (auth, want) in [
+        (format!("bearer {token}"), 200),
+        (format!("BEARER  {token}"), 200),
+        (format!("Bearer {}", token.to_uppercase()), 401),
+    ] {
+        assert_eq!(api.get_auth("/v1/ports", &auth).0, want, "{auth}");
+    }
     let (code, out, err) = rocectl("127.0.0.1:7580", &["--token", token, "port", "show"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("net_memif0"), "{out}");

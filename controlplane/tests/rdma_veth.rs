@@ -151,8 +151,8 @@ fn ecn_incast_two_senders_cnps_slow_them_and_the_queue_stays_bounded() {
                     .unwrap() as u32
             };
             let (qs, qr) = (mk(s), mk(rx));
-            connect(&n.api[s], qs, qr, &n.gids[rx].0, 1024);
-            connect(&n.api[rx], qr, qs, &n.gids[s].0, 1024);
+            connect(&n.api[s], qs, (&n.api[rx], qr), &n.gids[rx].0, 1024);
+            connect(&n.api[rx], qr, (&n.api[s], qs), &n.gids[s].0, 1024);
             flows.push((s, qs, rs));
         }
     }

@@ -133,21 +133,26 @@ impl Pair {
         let mut qas = Vec::new();
         for copy_tx in [false, true] {
             let qp = json!({"cc": "none", "max_send_wr": 1024, "copy_tx": copy_tx});
-            let qa = http.call("POST", &u(na, "/v1/qps"), Some(qp.clone()))?["qpn"]
-                .as_u64()
-                .unwrap_or(0);
-            let qb = http.call("POST", &u(nb, "/v1/qps"), Some(qp))?["qpn"]
-                .as_u64()
-                .unwrap_or(0);
+            // Each QP starts at the random PSN its creation answers with (sq-psn).
+            let a = http.call("POST", &u(na, "/v1/qps"), Some(qp.clone()))?;
+            let b = http.call("POST", &u(nb, "/v1/qps"), Some(qp))?;
+            let (qa, pa) = (a["qpn"].as_u64().unwrap_or(0), &a["sq-psn"]);
+            let (qb, pb) = (b["qpn"].as_u64().unwrap_or(0), &b["sq-psn"]);
             http.call(
                 "POST",
                 &u(na, &format!("/v1/qps/{qa}/connect")),
-                Some(json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "mtu": 4096})),
+                Some(
+                    json!({"remote_qpn": qb, "remote_gid": "10.93.0.2", "remote_psn": pb,
+                            "mtu": 4096}),
+                ),
             )?;
             http.call(
                 "POST",
                 &u(nb, &format!("/v1/qps/{qb}/connect")),
-                Some(json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "mtu": 4096})),
+                Some(
+                    json!({"remote_qpn": qa, "remote_gid": "10.93.0.1", "remote_psn": pa,
+                            "mtu": 4096}),
+                ),
             )?;
             qas.push(qa);
         }

@@ -289,6 +289,16 @@ impl Api {
         Self::finish(self.agent.get(format!("{}{path}", self.base)).call())
     }
 
+    /// GET with this Authorization header, bytes back.
+    pub fn get_auth(&self, path: &str, authorization: &str) -> (u16, Vec<u8>) {
+        Self::finish(
+            self.agent
+                .get(format!("{}{path}", self.base))
+                .header("authorization", authorization)
+                .call(),
+        )
+    }
+
     /// POST a JSON body (raw text, so tests can send broken JSON too).
     pub fn post_text(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
         let (s, b) = Self::finish(

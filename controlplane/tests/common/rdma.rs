@@ -90,10 +90,19 @@ pub fn create_qp(api: &Api, lcore: Option<usize>) -> u32 {
     api.ok(api.post("/v1/qps", body))["qpn"].as_u64().unwrap() as u32
 }
 
-pub fn connect(api: &Api, qpn: u32, remote_qpn: u32, gid: &str, mtu: u32) {
+/// The PSN a QP starts sending with (random at creation; its sq-psn).
+pub fn psn_of(api: &Api, qpn: u32) -> u32 {
+    let v = api.ok(api.get(&format!("/v1/qps/{qpn}")));
+    v["sq-psn"].as_u64().unwrap_or_else(|| panic!("{v}")) as u32
+}
+
+/// Connects `qpn` to the peer QP `remote_qpn` of node `remote` (whose starting PSN it reads
+/// there, as verbs programs exchange theirs) at `gid`.
+pub fn connect(api: &Api, qpn: u32, (remote, remote_qpn): (&Api, u32), gid: &str, mtu: u32) {
+    let psn = psn_of(remote, remote_qpn);
     let v = api.ok(api.post(
         &format!("/v1/qps/{qpn}/connect"),
-        json!({"remote_qpn": remote_qpn, "remote_gid": gid, "mtu": mtu}),
+        json!({"remote_qpn": remote_qpn, "remote_gid": gid, "remote_psn": psn, "mtu": mtu}),
     ));
     assert_eq!(v["state"], "RTS", "{v}");
 }
@@ -122,8 +131,8 @@ pub fn pair_between(
             n.gids[i].0.clone()
         }
     };
-    connect(&n.api[a], qa, qb, &gid(b), mtu);
-    connect(&n.api[b], qb, qa, &gid(a), mtu);
+    connect(&n.api[a], qa, (&n.api[b], qb), &gid(b), mtu);
+    connect(&n.api[b], qb, (&n.api[a], qa), &gid(a), mtu);
     (qa, qb)
 }
 

@@ -327,6 +327,11 @@ impl DpdkPort {
         }
     }
 
+    /// The mempool its receive queues take mbufs from.
+    pub fn pool(&self) -> &Mempool {
+        &self.pool
+    }
+
     /// Basic statistics.
     pub fn stats(&self) -> PortStats {
         let mut s = sys::rte_eth_stats::default();

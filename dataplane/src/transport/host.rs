@@ -267,6 +267,13 @@ pub enum RdmaCommand {
         /// Send completions, then receive completions.
         reply: Sender<(Vec<WorkCompletion>, Vec<WorkCompletion>)>,
     },
+    /// Ends every stream, receive stream and latency test on this lcore now (the node is
+    /// stopping): their QPs go to ERR, their work is flushed, and each test answers its
+    /// caller with what it had done; replies how many QPs it stopped.
+    CancelTests {
+        /// How many.
+        reply: Sender<usize>,
+    },
     /// This lcore's counters: the sum over its QPs, destroyed ones included, and handoffs.
     Counters {
         /// The totals.
@@ -1806,7 +1813,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                 let _ = reply.send(r);
             }
             RdmaCommand::PostRecv { qpn, wr, reply } => {
-                let r = self.on_qp(qpn, false, |s| {
+                // Ready, so that a receive posted in ERR is flushed on the next poll.
+                let r = self.on_qp(qpn, true, |s| {
                     s.qp.post_recv(*wr).map_err(|e| e.to_string())
                 });
                 let _ = reply.send(r);
@@ -2012,6 +2020,40 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             RdmaCommand::Latencies { reply } => {
                 let _ = reply.send(self.latency.clone());
+            }
+            RdmaCommand::CancelTests { reply } => {
+                let mut n = 0;
+                for i in 0..self.slots.len() {
+                    let Some(s) = self.slots[i].as_mut() else {
+                        continue;
+                    };
+                    let (stream, recv, lat) =
+                        (s.stream.is_some(), s.rstream.is_some(), s.lat.is_some());
+                    if !(stream || recv || lat) {
+                        continue;
+                    }
+                    let err = super::qp::QpAttr {
+                        state: Some(super::qp::QpState::Err),
+                        ..Default::default()
+                    };
+                    if s.qp.modify(&err).is_ok() {
+                        s.qp.flush(&mut s.scq);
+                        s.qp.flush_recv(&mut s.rcq);
+                    }
+                    n += 1;
+                    // Each test sees its QP in ERR and its work flushed, and answers.
+                    if stream {
+                        self.feed(i, now);
+                    }
+                    if recv {
+                        self.feed_recv(i, now);
+                    }
+                    if lat {
+                        self.drive_lat(i, now);
+                    }
+                    self.settle(i);
+                }
+                let _ = reply.send(n);
             }
             RdmaCommand::Counters { reply } => {
                 let mut c = self.retired;

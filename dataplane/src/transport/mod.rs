@@ -8,12 +8,14 @@
 //! state machine with the attributes each transition needs ([`qp`]), work requests and their
 //! segmentation ([`wr`]), the responder's check chain ([`resp_check`]), per-QP deadlines
 //! ([`timers`]). The engine: [`rc::RcQp`]. On an lcore: [`host::RdmaHost`] runs this lcore's
-//! QPs as a handler of the poll loop. [`soak`]: the randomized soak against a reference model.
+//! QPs as a handler of the poll loop. [`soak`]: the randomized soak against a reference model; [`ops`]: arbitrary operation
+//! sequences against two QPs (the engine's fuzz target).
 #![forbid(unsafe_code)]
 
 pub mod cq;
 pub mod host;
 pub mod mr;
+pub mod ops;
 pub mod qp;
 pub mod rc;
 pub mod resp_check;

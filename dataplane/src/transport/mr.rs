@@ -247,15 +247,42 @@ pub struct MrTable {
     tags: Vec<u8>,
     free: Vec<u32>,
     count: usize,
+    /// Seeds each slot's first key variant (0: every slot starts at variant 1).
+    key_seed: u64,
 }
 
 /// Most regions one table holds (24-bit index).
 pub const MAX_REGIONS: usize = 1 << 20;
 
 impl MrTable {
-    /// An empty table.
+    /// An empty table; keys are `index << 8 | variant`, the variant starting at 1 in every
+    /// slot (deterministic, for tests and the simulator).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table whose slots start their key variants at a value drawn from `seed`
+    /// (1 to 255, then counting up on each reuse, never 0), as RNICs vary the key byte: a
+    /// node seeds it at random, so that a peer cannot guess a region's key from the order it
+    /// was registered in.
+    pub fn with_key_seed(seed: u64) -> Self {
+        MrTable {
+            key_seed: seed,
+            ..Self::default()
+        }
+    }
+
+    /// The first key variant of slot `index`.
+    fn first_tag(&self, index: u32) -> u8 {
+        if self.key_seed == 0 {
+            return 1;
+        }
+        // SplitMix64's finalizer over seed and index.
+        let mut z = self.key_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        1 + (z % 255) as u8
     }
 
     /// Allocates a protection domain.
@@ -326,12 +353,11 @@ impl MrTable {
             None if self.slots.len() >= MAX_REGIONS => return Err(MrError::TooMany),
             None => self.slots.len() as u32,
         };
-        let tag = self
-            .tags
-            .get(index as usize)
-            .copied()
-            .unwrap_or(0)
-            .wrapping_add(1);
+        let tag = match self.tags.get(index as usize).copied() {
+            // A slot used before: its next variant (never 0).
+            Some(t) if t != 0 => t.wrapping_add(1).max(1),
+            _ => self.first_tag(index),
+        };
         let key = index << 8 | tag as u32;
         match self.register_at(pd, key, va, mem, access) {
             Ok(()) => Ok(key),
@@ -532,6 +558,47 @@ mod tests {
         assert_eq!(t.get(k1).err(), Some(MrError::InvalidKey));
         assert_eq!(t.get(k2).unwrap().to_vec(0, 8).unwrap(), [2u8; 8]);
         assert_eq!(t.deregister(k1).err(), Some(MrError::InvalidKey));
+    }
+
+    #[test]
+    fn a_seeded_table_varies_its_keys_and_never_repeats_a_slots_key_soon() {
+        let keys = |seed: u64| {
+            let mut t = MrTable::with_key_seed(seed);
+            let pd = t.alloc_pd();
+            (0..32)
+                .map(|i| t.register(pd, i << 12, Box::new(vec![0u8; 8]), Access::NONE))
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap()
+        };
+        let (a, b) = (keys(0x1234_5678_9abc_def0), keys(0x0fed_cba9_8765_4321));
+        assert_ne!(a, b, "another seed, other keys");
+        let variants: std::collections::BTreeSet<u32> = a.iter().map(|k| k & 0xff).collect();
+        assert!(variants.len() > 16, "the variants spread: {variants:?}");
+        assert!(!variants.contains(&0), "never variant 0");
+        for (i, k) in a.iter().enumerate() {
+            assert_eq!(k >> 8, i as u32, "the index is the slot");
+        }
+        assert_eq!(
+            keys(0).iter().map(|k| k & 0xff).collect::<Vec<_>>(),
+            vec![1; 32],
+            "unseeded: variant 1, deterministic"
+        );
+        // A slot reused 300 times goes through every variant but 0 before it repeats one.
+        let mut t = MrTable::with_key_seed(7);
+        let pd = t.alloc_pd();
+        let mut seen = Vec::new();
+        for _ in 0..300 {
+            let k = t
+                .register(pd, 0, Box::new(vec![0u8; 8]), Access::NONE)
+                .unwrap();
+            seen.push(k & 0xff);
+            t.deregister(k).unwrap();
+        }
+        assert!(!seen.contains(&0));
+        assert!(seen.windows(255).all(|w| {
+            let set: std::collections::BTreeSet<_> = w.iter().collect();
+            set.len() == 255
+        }));
     }
 
     #[test]

@@ -464,6 +464,9 @@ pub struct RcQp {
     responses: VecDeque<Response>,
     /// Original values of recent atomics, by PSN, to answer duplicates without re-executing.
     replay: ArrayVec<(Psn, u64), 16>,
+    /// Receives were posted while in ERR: they complete (flushed) at the next call that has
+    /// the CQs, which `poll_timeout` asks for at once.
+    flush_due: bool,
 }
 
 impl RcQp {
@@ -514,6 +517,7 @@ impl RcQp {
             rd_atomic_outstanding: 0,
             responses: VecDeque::new(),
             replay: ArrayVec::new(),
+            flush_due: false,
         })
     }
 
@@ -803,6 +807,9 @@ impl RcQp {
             return Err(WrError::TooManySge.into());
         }
         self.rq.push_back(wr);
+        // Posted to a QP in ERR: taken, and completed with WR_FLUSH_ERR (as verbs and rxe
+        // do) as soon as the caller next hands the QP its CQs.
+        self.flush_due |= self.cfg.state == QpState::Err;
         Ok(())
     }
 
@@ -967,6 +974,7 @@ impl RcQp {
         rcq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
+        self.flush_if_due(scq, rcq);
         let sent = self.next_frame(now, mrs, scq, rcq, out);
         self.counters.sent_pkts += sent as u64;
         sent
@@ -1345,6 +1353,7 @@ impl RcQp {
         recv_cq: &mut CompletionQueue,
     ) {
         self.now = self.now.max(now);
+        self.flush_if_due(send_cq, recv_cq);
         let info = *info;
         if info.dest_qp != self.qpn {
             return;
@@ -1893,6 +1902,9 @@ impl RcQp {
 
     /// When this QP next needs [`RcQp::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.flush_due {
+            return Some(self.now);
+        }
         let pacing = (self.paced()
             && self.next_send > self.now
             && self.send_idx < self.sq.len()
@@ -1918,6 +1930,7 @@ impl RcQp {
         rcq: &mut CompletionQueue,
     ) {
         self.now = self.now.max(now);
+        self.flush_if_due(scq, rcq);
         self.cc.handle_timeout(now, &self.cc_params);
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
@@ -1995,6 +2008,16 @@ impl RcQp {
         self.read_win.clear();
         self.flush(scq);
         self.flush_recv(rcq);
+    }
+
+    /// Completes what was posted in ERR (see `flush_due`).
+    #[inline]
+    fn flush_if_due(&mut self, scq: &mut CompletionQueue, rcq: &mut CompletionQueue) {
+        if self.flush_due {
+            self.flush_due = false;
+            self.flush(scq);
+            self.flush_recv(rcq);
+        }
     }
 
     /// Flushes every outstanding work request with WR_FLUSH_ERR (the QP is in ERR).
