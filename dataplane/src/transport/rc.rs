@@ -464,8 +464,8 @@ pub struct RcQp {
     responses: VecDeque<Response>,
     /// Original values of recent atomics, by PSN, to answer duplicates without re-executing.
     replay: ArrayVec<(Psn, u64), 16>,
-    /// Receives were posted while in ERR: they complete (flushed) at the next call that has
-    /// the CQs, which `poll_timeout` asks for at once.
+    /// Receives were posted while in ERR: they complete (flushed) in the next
+    /// `handle_timeout`, which `poll_timeout` asks for at once (kept off the per-packet calls).
     flush_due: bool,
 }
 
@@ -808,7 +808,7 @@ impl RcQp {
         }
         self.rq.push_back(wr);
         // Posted to a QP in ERR: taken, and completed with WR_FLUSH_ERR (as verbs and rxe
-        // do) as soon as the caller next hands the QP its CQs.
+        // do) by the timeout `poll_timeout` then asks for at once.
         self.flush_due |= self.cfg.state == QpState::Err;
         Ok(())
     }
@@ -974,7 +974,6 @@ impl RcQp {
         rcq: &mut CompletionQueue,
         out: &mut B,
     ) -> bool {
-        self.flush_if_due(scq, rcq);
         let sent = self.next_frame(now, mrs, scq, rcq, out);
         self.counters.sent_pkts += sent as u64;
         sent
@@ -1353,7 +1352,6 @@ impl RcQp {
         recv_cq: &mut CompletionQueue,
     ) {
         self.now = self.now.max(now);
-        self.flush_if_due(send_cq, recv_cq);
         let info = *info;
         if info.dest_qp != self.qpn {
             return;
