@@ -457,13 +457,13 @@ impl Run {
 }
 
 fn sg(key: u32, addr: u64, len: u32) -> SgList {
-    let mut v = SgList::new();
-    v.push(Sge {
+    [Sge {
         addr,
         length: len,
         lkey: key,
-    });
-    v
+    }]
+    .into_iter()
+    .collect()
 }
 
 #[cfg(test)]
