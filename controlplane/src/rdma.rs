@@ -302,6 +302,12 @@ struct QpMeta {
     psn: u32,
 }
 
+/// QP `qpn`'s entry in the QP table, or 404.
+fn meta(t: &BTreeMap<u32, QpMeta>, qpn: u32) -> Result<&QpMeta, ApiError> {
+    t.get(&qpn)
+        .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))
+}
+
 /// 64 bits from the OS's random source (std's SipHash keys are drawn from it per hasher).
 fn os_random() -> u64 {
     use std::hash::BuildHasher;
@@ -1008,11 +1014,7 @@ impl Rdma {
         let mut t = self.qps.lock().expect("qp table");
         let mut by_lcore: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for &q in qpns {
-            let l = t
-                .get(&q)
-                .map(|m| m.lcore)
-                .ok_or_else(|| ApiError::not_found(format!("no QP {q}")))?;
-            by_lcore.entry(l).or_default().push(q);
+            by_lcore.entry(meta(&t, q)?.lcore).or_default().push(q);
         }
         for (l, all) in by_lcore {
             for chunk in all.chunks(BULK_CHUNK) {
@@ -1066,12 +1068,7 @@ impl Rdma {
     }
 
     fn lcore_of(&self, qpn: u32) -> Result<usize, ApiError> {
-        self.qps
-            .lock()
-            .expect("qp table")
-            .get(&qpn)
-            .map(|m| m.lcore)
-            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))
+        Ok(meta(&self.qps.lock().expect("qp table"), qpn)?.lcore)
     }
 
     /// Every QP's number.
@@ -1114,10 +1111,7 @@ impl Rdma {
         // As for CQs: the table is locked from the look-up until the entry is gone, so a
         // create that reuses the freed number is never unlinked.
         let mut qps = self.qps.lock().expect("qp table");
-        let l = qps
-            .get(&qpn)
-            .map(|m| m.lcore)
-            .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
+        let l = meta(&qps, qpn)?.lcore;
         self.ask(l, |reply| RdmaCommand::DestroyQp { qpn, reply })?;
         qps.remove(&qpn);
         Ok(())
@@ -1228,13 +1222,7 @@ impl Rdma {
     fn local_psn(&self, qpn: u32, given: Option<u32>) -> Result<u32, ApiError> {
         match given {
             Some(p) => Ok(p),
-            None => self
-                .qps
-                .lock()
-                .expect("qp table")
-                .get(&qpn)
-                .map(|m| m.psn)
-                .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}"))),
+            None => Ok(meta(&self.qps.lock().expect("qp table"), qpn)?.psn),
         }
     }
 

@@ -1353,10 +1353,21 @@ impl<B: PacketBuf> RdmaHost<B> {
         s.qp.handle_parsed(now, info, buf.data(), &mut self.mrs, &mut s.scq, &mut s.rcq);
         let lat = &mut self.latency;
         s.qp.take_latencies(|op, ns| lat.record(op, ns));
-        let streaming = s.stream.is_some();
-        let receiving = s.rstream.is_some();
-        let timing = s.lat.is_some();
         self.mark_ready(i);
+        self.drive_tests(i, now);
+    }
+
+    /// Lets the stream, receive stream or latency test slot `i` runs see what its QP did
+    /// (post more, count, answer when done), then moves completions to the created CQs.
+    /// Inlined: it is on every received frame's path (a call cost 21 instructions a 64 B
+    /// WRITE in stream_cost).
+    #[inline(always)]
+    fn drive_tests(&mut self, i: usize, now: crate::time::Instant) {
+        let Some(s) = self.slots[i].as_ref() else {
+            return;
+        };
+        let (streaming, receiving, timing) =
+            (s.stream.is_some(), s.rstream.is_some(), s.lat.is_some());
         if streaming {
             self.feed(i, now);
         }
@@ -2027,9 +2038,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let Some(s) = self.slots[i].as_mut() else {
                         continue;
                     };
-                    let (stream, recv, lat) =
-                        (s.stream.is_some(), s.rstream.is_some(), s.lat.is_some());
-                    if !(stream || recv || lat) {
+                    if s.stream.is_none() && s.rstream.is_none() && s.lat.is_none() {
                         continue;
                     }
                     let err = super::qp::QpAttr {
@@ -2042,16 +2051,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     }
                     n += 1;
                     // Each test sees its QP in ERR and its work flushed, and answers.
-                    if stream {
-                        self.feed(i, now);
-                    }
-                    if recv {
-                        self.feed_recv(i, now);
-                    }
-                    if lat {
-                        self.drive_lat(i, now);
-                    }
-                    self.settle(i);
+                    self.drive_tests(i, now);
                 }
                 let _ = reply.send(n);
             }

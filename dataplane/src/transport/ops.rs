@@ -384,28 +384,9 @@ impl Run {
 
     /// Takes every completion, checking none completes twice.
     fn collect(&mut self) {
-        let mut wcs = Vec::new();
         for s in &mut self.s {
-            wcs.clear();
-            s.scq.poll(usize::MAX, &mut wcs);
-            for c in &wcs {
-                let n = s
-                    .sends
-                    .get_mut(&c.wr_id)
-                    .unwrap_or_else(|| panic!("unknown send {c:?}"));
-                *n += 1;
-                assert_eq!(*n, 1, "send {} completed twice: {c:?}", c.wr_id);
-            }
-            wcs.clear();
-            s.rcq.poll(usize::MAX, &mut wcs);
-            for c in &wcs {
-                let n = s
-                    .recvs
-                    .get_mut(&c.wr_id)
-                    .unwrap_or_else(|| panic!("unknown recv {c:?}"));
-                *n += 1;
-                assert_eq!(*n, 1, "receive {} completed twice: {c:?}", c.wr_id);
-            }
+            count_once(&mut s.scq, &mut s.sends, "send");
+            count_once(&mut s.rcq, &mut s.recvs, "receive");
             let guard = s
                 .mrs
                 .get(s.guard_key)
@@ -453,6 +434,20 @@ impl Run {
                 assert!(open.is_empty(), "side {i} in ERR kept receives: {open:?}");
             }
         }
+    }
+}
+
+/// Takes `cq`'s completions, counting each against the work request it names in `posted`:
+/// an unknown one, or one completed twice, is a violation.
+fn count_once(cq: &mut CompletionQueue, posted: &mut HashMap<u64, u32>, what: &str) {
+    let mut wcs = Vec::new();
+    cq.poll(usize::MAX, &mut wcs);
+    for c in &wcs {
+        let n = posted
+            .get_mut(&c.wr_id)
+            .unwrap_or_else(|| panic!("unknown {what} {c:?}"));
+        *n += 1;
+        assert_eq!(*n, 1, "{what} {} completed twice: {c:?}", c.wr_id);
     }
 }
 
