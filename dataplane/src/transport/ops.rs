@@ -465,18 +465,10 @@ fn sg(key: u32, addr: u64, len: u32) -> SgList {
 mod tests {
     use super::*;
 
-    /// SplitMix64: the byte strings the tests feed.
+    /// The byte strings the tests feed: the simulator's seeded generator.
     fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = x;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                (z ^ (z >> 31)) as u8
-            })
-            .collect()
+        let mut r = crate::sim::SplitMix64::new(seed);
+        (0..n).map(|_| r.next_u64() as u8).collect()
     }
 
     #[test]
