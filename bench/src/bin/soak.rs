@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     let t = Instant::now();
     let r = run(&cfg);
     println!(
-        "soak seed {} qps {} ops {}: {} completed, {:.1} MB moved, {} frames ({} lost, {} duplicated, {} reordered, {} corrupted), {:.1} ms simulated, {:.1} s wall: {}",
+        "soak seed {} qps {} ops {}: {} completed, {:.1} MB moved, {} frames ({} lost, {} duplicated, {} reordered, {} corrupted), {} gave up (RETRY_EXC_ERR), {} flushed, {} receives flushed, {} never posted (every pair dead), {:.1} ms simulated, {:.1} s wall: {}",
         a.seed,
         a.qps,
         a.ops,
@@ -94,6 +94,10 @@ fn main() -> ExitCode {
         r.duplicated,
         r.reordered,
         r.corrupted,
+        r.retry_exceeded,
+        r.flushed,
+        r.recv_flushed,
+        r.abandoned,
         r.sim_ns as f64 / 1e6,
         t.elapsed().as_secs_f64(),
         r.violation.as_deref().unwrap_or("OK")
