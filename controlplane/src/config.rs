@@ -11,6 +11,9 @@ use std::path::Path;
 /// The embedded default: node A of the two-node memif demo (config/node-a.toml).
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/node-a.toml");
 
+/// Ports a node can have: DPDK's `RTE_MAX_ETHPORTS` in Debian's build.
+pub const MAX_PORTS: usize = dataplane::dpdk::MAX_PORTS;
+
 /// A configuration problem, naming the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -418,6 +421,12 @@ impl Config {
 
         if self.ports.is_empty() {
             return Err(field("ports", "at least one [[ports]] section is needed"));
+        }
+        if self.ports.len() > MAX_PORTS {
+            return Err(field(
+                "ports",
+                format!("at most {MAX_PORTS} [[ports]] sections (DPDK's RTE_MAX_ETHPORTS here)"),
+            ));
         }
         let mut vdevs = Vec::new();
         let mut pci = Vec::new();

@@ -104,6 +104,8 @@ pub fn run(
     )?);
     let nworkers = plan.eal.worker_cpus.len() as u16;
     let mut ports = Vec::new();
+    // Ports that did not start: memif clients whose server is not there yet.
+    let mut stopped = Vec::new();
     for (i, p) in plan.ports.iter().enumerate() {
         let setup = PortSetup {
             device: p.device_name.clone(),
@@ -113,8 +115,23 @@ pub fn run(
             rx_desc: plan.descriptors,
             tx_desc: plan.descriptors,
         };
-        let port = DpdkPort::start(&setup, pool.clone())
-            .map_err(|source| RunError::Port { index: i, source })?;
+        let port = if p.memif == Some(MemifRole::Client) {
+            let (port, started) = DpdkPort::start_or_stopped(&setup, pool.clone())
+                .map_err(|source| RunError::Port { index: i, source })?;
+            if let Err(e) = &started {
+                tracing::warn!(
+                    port = i,
+                    device = %p.device_name,
+                    "memif server not there yet: connecting when it is ({e})"
+                );
+            }
+            stopped.push(started.is_err());
+            port
+        } else {
+            stopped.push(false);
+            DpdkPort::start(&setup, pool.clone())
+                .map_err(|source| RunError::Port { index: i, source })?
+        };
         let info = port.info();
         tracing::info!(
             port = i,
@@ -133,6 +150,12 @@ pub fn run(
     }
     let clock = TscSource::new(&eal);
     let nworkers = nworkers as usize;
+    let clients: Vec<(bool, bool)> = plan
+        .ports
+        .iter()
+        .zip(&stopped)
+        .map(|(p, s)| (p.memif == Some(MemifRole::Client), *s))
+        .collect();
     let report = match plan.mode {
         Mode::Stack => {
             let (ev_tx, ev_rx) = bounded(4096);
@@ -206,6 +229,7 @@ pub fn run(
                     Some((state, api_addr))
                 },
                 plan.idle_sleep,
+                &clients,
             )
         }
         Mode::Macswap => {
@@ -222,6 +246,7 @@ pub fn run(
                 |_| MacSwap,
                 |_, _| None,
                 plan.idle_sleep,
+                &clients,
             )
         }
     }?;
@@ -257,6 +282,114 @@ fn detach_all<C>(cmds: &[Sender<Command<C>>]) {
         .collect();
     for rx in answers {
         let _ = rx.recv_timeout(Duration::from_secs(1));
+    }
+}
+
+/// Asks every worker to stop making burst calls on `port` ([`Command::DetachPort`]) and waits
+/// for each answer, as [`detach_all`] does.
+fn detach_port<C>(cmds: &[Sender<Command<C>>], port: usize) {
+    let answers: Vec<_> = cmds
+        .iter()
+        .filter_map(|c| {
+            let (tx, rx) = bounded(1);
+            c.send(Command::DetachPort(port, tx)).ok().map(|_| rx)
+        })
+        .collect();
+    for rx in answers {
+        let _ = rx.recv_timeout(Duration::from_secs(1));
+    }
+}
+
+/// A memif client port's link down this long is connected again ([`Reconnect`]).
+const MEMIF_RECONNECT_AFTER: Duration = Duration::from_secs(1);
+/// The first wait between two attempts to connect again; it doubles up to
+/// [`MEMIF_RECONNECT_MAX`].
+const MEMIF_RECONNECT_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between two attempts.
+const MEMIF_RECONNECT_MAX: Duration = Duration::from_secs(4);
+
+/// Connects a memif client port again once its server has gone (killed, restarted). DPDK
+/// 22.11's memif client connects only when its port starts, so a client whose link has been
+/// down for [`MEMIF_RECONNECT_AFTER`] is detached from the workers, stopped and started
+/// again (every [`MEMIF_RECONNECT_FIRST`], doubling to [`MEMIF_RECONNECT_MAX`], while its
+/// server is not there), and given back to the workers once it started. The link comes up
+/// when the driver's handshake is done; the control loop then tells the stacks
+/// ([`NetCommand::LinkUp`]), which resolve their neighbours again.
+#[derive(Debug)]
+struct Reconnect {
+    down_since: Option<Instant>,
+    next_try: Instant,
+    wait: Duration,
+    /// The workers have been told to leave the port alone (it is stopped).
+    detached: bool,
+    /// Failed attempts since the link went down.
+    failures: u32,
+}
+
+impl Reconnect {
+    /// A client port at `now`; `stopped` if it did not start (its workers start detached
+    /// from it, and it is tried again at once).
+    fn new(now: Instant, stopped: bool) -> Self {
+        Reconnect {
+            down_since: stopped.then(|| now.checked_sub(MEMIF_RECONNECT_AFTER).unwrap_or(now)),
+            next_try: now,
+            wait: MEMIF_RECONNECT_FIRST,
+            detached: stopped,
+            failures: stopped as u32,
+        }
+    }
+
+    /// One look at port `i` (link `up`), from the control loop.
+    fn poll<C>(
+        &mut self,
+        i: usize,
+        port: &DpdkPort,
+        up: bool,
+        now: Instant,
+        cmds: &[Sender<Command<C>>],
+    ) {
+        if up {
+            if self.failures > 0 || self.down_since.is_some() {
+                *self = Reconnect::new(now, false);
+            }
+            return;
+        }
+        let since = *self.down_since.get_or_insert(now);
+        if now.duration_since(since) < MEMIF_RECONNECT_AFTER || now < self.next_try {
+            return;
+        }
+        if !self.detached {
+            detach_port(cmds, i);
+            self.detached = true;
+        }
+        match port.restart() {
+            Ok(()) => {
+                for c in cmds {
+                    let _ = c.send(Command::AttachPort(i));
+                }
+                self.detached = false;
+                tracing::info!(
+                    port = i,
+                    device = port.name(),
+                    "memif client connecting again"
+                );
+            }
+            Err(e) => {
+                self.failures += 1;
+                if self.failures == 1 {
+                    tracing::warn!(
+                        port = i,
+                        device = port.name(),
+                        "memif server gone: connecting again every {} s at most ({e})",
+                        MEMIF_RECONNECT_MAX.as_secs()
+                    );
+                } else {
+                    tracing::debug!(port = i, "memif server still not there: {e}");
+                }
+            }
+        }
+        self.next_try = now + self.wait;
+        self.wait = (self.wait * 2).min(MEMIF_RECONNECT_MAX);
     }
 }
 
@@ -317,6 +450,7 @@ fn run_workers<Q, H>(
     mut make: impl FnMut(usize) -> H,
     serve: impl FnOnce(&[Sender<Command<H::Command>>], &[Arc<LcoreCounters>]) -> Serve,
     idle_sleep: Option<Duration>,
+    memif_clients: &[(bool, bool)],
 ) -> Result<serde_json::Value, RunError>
 where
     Q: PortQueue + Send + 'static,
@@ -326,11 +460,18 @@ where
     let mut cmds: Vec<Sender<Command<H::Command>>> = Vec::new();
     let mut counters: Vec<Arc<LcoreCounters>> = Vec::new();
     let mut launch_err = None;
+    // memif clients that did not start are left alone until they do.
+    let off = memif_clients
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, stopped))| *stopped)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
     for (i, qs) in queues.into_iter().enumerate() {
         let (tx, rx) = unbounded();
         let c = Arc::new(LcoreCounters::default());
         let w = Worker::new(LcoreId(i as u16), qs, make(i), clock, c.clone(), rx)
-            .with_idle_sleep(idle_sleep);
+            .with_idle_sleep(idle_sleep)
+            .with_ports_detached(off);
         if let Err(e) = dpdk::launch(i as u32 + 1, move || drop(w.run())) {
             launch_err = Some(e);
             break;
@@ -368,6 +509,10 @@ where
     let mut next_ports_refresh = Instant::now();
     let started = Instant::now();
     let mut links: Vec<bool> = vec![false; ports.len()];
+    let mut reconnect: Vec<Option<Reconnect>> = memif_clients
+        .iter()
+        .map(|&(client, stopped)| client.then(|| Reconnect::new(started, stopped)))
+        .collect();
     let mut pings: Vec<PingStats> = opts.ping.iter().map(|_| PingStats::default()).collect();
     let mut next_ping = started;
     let mut seq: u16 = 0;
@@ -388,6 +533,9 @@ where
         }
         for (i, p) in ports.iter().enumerate() {
             let up = p.link().up;
+            if let Some(r) = reconnect.get_mut(i).and_then(|r| r.as_mut()) {
+                r.poll(i, p, up, Instant::now(), &cmds);
+            }
             if up != links[i] {
                 links[i] = up;
                 tracing::info!(

@@ -358,3 +358,181 @@ fn a_stop_ends_a_running_stream_at_once_and_answers_its_caller() {
     let _ = reports;
     eprintln!("stopped in {took:?}; the stream answered {s} {r}");
 }
+
+/// Port 0 of a node as /v1/ports shows it.
+fn port0(api: &Api) -> Value {
+    let (_, v) = api.get("/v1/ports");
+    v.as_array()
+        .and_then(|a| a.first().cloned())
+        .or_else(|| v["ports"].as_array().and_then(|a| a.first().cloned()))
+        .unwrap_or_else(|| panic!("no port 0 in {v}"))
+}
+
+/// Waits up to `secs` for port 0's link to be `up`; how long it took.
+fn wait_link(api: &Api, up: bool, secs: u64) -> Option<Duration> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        if api.get("/v1/health").0 == 200 && port0(api)["link_up"] == up {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn a_memif_client_connects_again_by_itself_when_its_server_restarts() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = "recon";
+    let mut n = memif_nodes(tag, 7628);
+    let first = {
+        let ra = reg(&n.api[0], 1 << 20);
+        let rb = reg(&n.api[1], 1 << 20);
+        let (qa, qb) = pair(&n, None, None, 1024, false);
+        write_every_pair(&n, &[(0, qa, qb)], ra, rb);
+        port0(&n.api[1])
+    };
+    // A, the memif server, dies as a crash would (kill -9) and comes back as a supervisor
+    // would start it again: the same configuration, the same socket.
+    let mut a = n.nodes[0].take().unwrap();
+    let a_mac = port0(&n.api[0])["mac"].clone();
+    // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+    let _ = a.child.wait();
+    assert!(
+        wait_link(&n.api[1], false, 10).is_some(),
+        "B's link goes down when A dies: {}",
+        port0(&n.api[1])
+    );
+    // Down for a while (B tries and fails to connect meanwhile); its port's counts hold
+    // (memif itself reads 0 while down).
+    std::thread::sleep(Duration::from_secs(3));
+    let down = port0(&n.api[1]);
+    for k in ["ipackets", "opackets", "ibytes", "obytes"] {
+        assert!(
+            down[k].as_u64() >= first[k].as_u64() && down[k].as_u64() > Some(0),
+            "{k} while the link is down: {} then {}",
+            first[k],
+            down[k]
+        );
+    }
+    let sock = n.dir.join("memif.sock");
+    let cfg = memif_node_config(
+        &format!("ferroce-r{tag}-a-{}", std::process::id()),
+        "server",
+        sock.to_str().unwrap(),
+        1,
+        2,
+        7628,
+    );
+    let back = std::time::Instant::now();
+    let mut a = Roced::start(&n.dir, "a2", &cfg, None, &[]);
+    assert!(
+        a.wait_log("lcores running", Duration::from_secs(30)),
+        "A did not start again:\n{}",
+        a.log_text()
+    );
+    n.nodes[0] = Some(a);
+    // B connects again by itself, within its retry interval (4 s at most) and the handshake.
+    let b_up = wait_link(&n.api[1], true, 15);
+    let a_up = wait_link(&n.api[0], true, 5);
+    let log_b = n.nodes[1].as_ref().unwrap().log_text();
+    assert!(
+        b_up.is_some() && a_up.is_some(),
+        "links after A came back: A {} B {}\nB's log:\n{log_b}",
+        port0(&n.api[0]),
+        port0(&n.api[1])
+    );
+    eprintln!("B's link up {:?} after A started again", back.elapsed());
+    assert!(log_b.contains("memif client connecting again"), "{log_b}");
+    // A has a new MAC (memif draws one at random); B's neighbour entry follows it and RDMA
+    // works again both ways on new QPs (WRITEs from B to A go to the MAC B resolved).
+    let new_mac = port0(&n.api[0])["mac"].clone();
+    assert_ne!(new_mac, a_mac, "memif gave A a new MAC");
+    let ra = reg(&n.api[0], 1 << 20);
+    let rb = reg(&n.api[1], 1 << 20);
+    let (qa, qb) = pair(&n, None, None, 1024, false);
+    write_every_pair(&n, &[(0, qa, qb)], ra, rb);
+    let swapped = Cluster {
+        nodes: Vec::new(),
+        api: vec![Api::new("127.0.0.1:7629"), Api::new("127.0.0.1:7628")],
+        gids: vec![n.gids[1].clone(), n.gids[0].clone()],
+        netns: Vec::new(),
+        dir: n.dir.clone(),
+    };
+    write_every_pair(&swapped, &[(1, qb, qa)], rb, ra);
+    // B's port counts on from where it was.
+    let now = port0(&n.api[1]);
+    for k in ["ipackets", "opackets"] {
+        assert!(
+            now[k].as_u64() > first[k].as_u64(),
+            "{k}: {} then {}",
+            first[k],
+            now[k]
+        );
+    }
+    let reports = n.stop();
+    let neigh = &reports[1]["neighbors"];
+    assert!(
+        neigh
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["ip"] == "10.89.0.1" && e["mac"] == new_mac),
+        "B's neighbour 10.89.0.1 is at A's new MAC {new_mac}: {neigh}"
+    );
+}
+
+#[test]
+fn a_memif_client_started_before_its_server_connects_once_the_server_is_there() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let tag = "early";
+    let dir = tmpdir(tag);
+    let sock = dir.join("memif.sock");
+    let sock = sock.to_str().unwrap();
+    let pid = std::process::id();
+    let cfg = |side: &str, role: &str, me: u8, peer: u8, api: u16| {
+        memif_node_config(
+            &format!("ferroce-r{tag}-{side}-{pid}"),
+            role,
+            sock,
+            me,
+            peer,
+            api,
+        )
+    };
+    // B, the client, first: it runs, its port stopped, and says why.
+    let mut b = Roced::start(&dir, "b", &cfg("b", "client", 2, 1, 7631), None, &[]);
+    assert!(
+        b.wait_log("memif server not there yet", Duration::from_secs(30)),
+        "{}",
+        b.log_text()
+    );
+    let api_b = Api::new("127.0.0.1:7631");
+    assert!(api_b.wait_up(Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(port0(&api_b)["link_up"], false);
+    // Then A, the server: B connects by itself and RDMA works.
+    let a = Roced::start(&dir, "a", &cfg("a", "server", 1, 2, 7630), None, &[]);
+    let n = Cluster::new(
+        vec![a, b],
+        vec!["127.0.0.1:7630".into(), "127.0.0.1:7631".into()],
+        vec![
+            ("10.89.0.1".into(), "fd89::1".into()),
+            ("10.89.0.2".into(), "fd89::2".into()),
+        ],
+        Vec::new(),
+        dir.clone(),
+    );
+    assert!(
+        wait_link(&n.api[1], true, 15).is_some(),
+        "{}",
+        port0(&n.api[1])
+    );
+    let ra = reg(&n.api[0], 1 << 20);
+    let rb = reg(&n.api[1], 1 << 20);
+    let (qa, qb) = pair(&n, None, None, 1024, false);
+    write_every_pair(&n, &[(0, qa, qb)], ra, rb);
+    n.stop();
+}

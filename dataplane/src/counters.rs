@@ -78,6 +78,8 @@ drop_reasons! {
     Fragment => "fragment",
     /// Dropped while stopping.
     Shutdown => "shutdown",
+    /// Sent to a port its lcore has left alone for a while (a memif client connecting again).
+    PortDetached => "port_detached",
 }
 
 /// Counters of one lcore.

@@ -89,6 +89,12 @@ pub enum Command<C> {
     /// when the peer disconnects, from its interrupt thread, with nothing to keep an lcore
     /// that is inside a burst call from reading them.
     Detach(Sender<()>),
+    /// Stop touching one port, as [`Command::Detach`] does for all (answered the same way):
+    /// before the port is stopped and started again, as a memif client that reconnects is. DPDK
+    /// forbids burst calls on a port that is stopping, stopped or starting.
+    DetachPort(usize, Sender<()>),
+    /// Use a port detached by [`Command::DetachPort`] again.
+    AttachPort(usize),
     /// A command for the handler.
     Handler(C),
 }
@@ -102,8 +108,9 @@ pub struct Io<'a, Q: PortQueue> {
     tx: &'a mut [Burst<Q::Buf>],
     /// This lcore's counters.
     pub counters: &'a LcoreCounters,
-    /// The worker has detached from its ports ([`Command::Detach`]): nothing is sent.
-    detached: bool,
+    /// Ports the worker has detached from ([`Command::Detach`], [`Command::DetachPort`]), one
+    /// bit each: nothing is sent on them.
+    off: u64,
 }
 
 impl<'a, Q: PortQueue> Io<'a, Q> {
@@ -131,8 +138,8 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// ask [`Io::can_send`] first.
     #[inline]
     pub fn send(&mut self, port: usize, buf: Q::Buf) {
-        if self.detached {
-            self.drop_frame(DropReason::Shutdown, buf);
+        if is_off(self.off, port) {
+            self.drop_frame(off_reason(self.off), buf);
             return;
         }
         if self.tx[port].is_full() {
@@ -151,7 +158,7 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// nothing (backpressure instead of drops).
     #[inline]
     pub fn can_send(&mut self, port: usize) -> bool {
-        if self.detached {
+        if is_off(self.off, port) {
             return false;
         }
         if self.tx[port].is_full() {
@@ -164,8 +171,8 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     /// `burst` empty (what the port refuses is dropped and counted). No frame is moved.
     #[inline]
     pub fn transmit(&mut self, port: usize, burst: &mut Burst<Q::Buf>) {
-        if self.detached {
-            discard(burst, self.counters);
+        if is_off(self.off, port) {
+            discard(burst, off_reason(self.off), self.counters);
             return;
         }
         if !self.tx[port].is_empty() {
@@ -187,10 +194,27 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
     }
 }
 
+/// Whether `port`'s bit is set in a mask of detached ports.
+#[inline]
+fn is_off(off: u64, port: usize) -> bool {
+    port < MAX_PORTS && off >> port & 1 != 0
+}
+
+/// Why a frame for a detached port is dropped: the worker is stopping (detached from every
+/// port), or the port alone is left alone for a while.
+#[inline]
+fn off_reason(off: u64) -> DropReason {
+    if off == u64::MAX {
+        DropReason::Shutdown
+    } else {
+        DropReason::PortDetached
+    }
+}
+
 /// Drops every frame of a burst that will never be sent (the worker stops or has detached),
-/// counting them as [`DropReason::Shutdown`].
-fn discard<B: PacketBuf>(burst: &mut Burst<B>, c: &LcoreCounters) {
-    c.count_drop(DropReason::Shutdown, burst.len() as u64);
+/// counting them as `why`.
+fn discard<B: PacketBuf>(burst: &mut Burst<B>, why: DropReason, c: &LcoreCounters) {
+    c.count_drop(why, burst.len() as u64);
     burst.clear();
 }
 
@@ -245,9 +269,14 @@ pub struct Worker<Q: PortQueue, H: Handler<Q>, K> {
     idle_streak: u32,
     /// Sleep this long once idle for [`IDLE_SPINS`] iterations (None: always spin).
     idle_sleep: Option<core::time::Duration>,
-    /// No more bursts on the ports ([`Command::Detach`]).
-    detached: bool,
+    /// Ports it makes no more bursts on, one bit each ([`Command::Detach`],
+    /// [`Command::DetachPort`]).
+    off: u64,
 }
+
+/// Ports a worker can have: one bit each in its mask of detached ports (DPDK's build here has
+/// `RTE_MAX_ETHPORTS` 32).
+pub const MAX_PORTS: usize = 64;
 
 /// Idle iterations before a worker with an idle sleep set sleeps.
 pub const IDLE_SPINS: u32 = 256;
@@ -259,7 +288,8 @@ where
     K: Clock,
     H::Command: core::fmt::Debug,
 {
-    /// A worker over `queues` (one per port, in port order).
+    /// A worker over `queues` (one per port, in port order, [`MAX_PORTS`] at most: the rest
+    /// are never polled).
     pub fn new(
         id: LcoreId,
         queues: Vec<Q>,
@@ -280,8 +310,15 @@ where
             since_commands: 0,
             idle_streak: 0,
             idle_sleep: None,
-            detached: false,
+            off: 0,
         }
+    }
+
+    /// Starts the worker detached from the ports whose bits `off` sets, as if it had been
+    /// sent [`Command::DetachPort`] for each (ports that did not start).
+    pub fn with_ports_detached(mut self, off: u64) -> Self {
+        self.off = off;
+        self
     }
 
     /// Makes the worker sleep for `d` whenever it has found nothing to do for [`IDLE_SPINS`]
@@ -318,8 +355,11 @@ where
             Instant::ZERO
         };
         let mut work = 0usize;
-        let ports = if self.detached { 0 } else { self.queues.len() };
+        let ports = self.queues.len().min(MAX_PORTS);
         for port in 0..ports {
+            if is_off(self.off, port) {
+                continue;
+            }
             // Several bursts while they come back full: a sender with many QPs queues a port's
             // worth of frames per iteration, and their ACKs must drain as fast (one burst
             // per iteration let 100k QPs' ACKs wait past the ACK timeout).
@@ -337,7 +377,7 @@ where
                 queues: &mut self.queues,
                 tx: &mut self.tx,
                 counters: &self.counters,
-                detached: self.detached,
+                off: self.off,
             };
             self.handler.on_poll(&mut io);
         }
@@ -353,8 +393,8 @@ where
             self.since_commands = 0;
             keep_going = self.poll_commands();
         }
-        if !self.detached {
-            for port in 0..self.queues.len() {
+        for port in 0..ports {
+            if !is_off(self.off, port) {
                 work += flush(&mut self.queues[port], &mut self.tx[port], &self.counters);
             }
         }
@@ -384,7 +424,7 @@ where
             queues: &mut self.queues,
             tx: &mut self.tx,
             counters: &self.counters,
-            detached: false,
+            off: self.off,
         };
         self.handler.on_burst(port, rx, &mut io);
         debug_assert!(rx.is_empty(), "handler left frames in the rx burst");
@@ -398,7 +438,7 @@ where
     pub fn finish(mut self) -> Vec<Q> {
         self.handler.shutdown();
         for tx in &mut self.tx {
-            discard(tx, &self.counters);
+            discard(tx, DropReason::Shutdown, &self.counters);
         }
         self.queues
     }
@@ -415,11 +455,25 @@ where
             match self.commands.try_recv() {
                 Ok(Command::Stop) => return false,
                 Ok(Command::Detach(done)) => {
-                    self.detached = true;
+                    self.off = u64::MAX;
                     for tx in &mut self.tx {
-                        discard(tx, counters);
+                        discard(tx, DropReason::Shutdown, counters);
                     }
                     let _ = done.send(());
+                }
+                Ok(Command::DetachPort(port, done)) => {
+                    if port < MAX_PORTS {
+                        self.off |= 1 << port;
+                    }
+                    if let Some(tx) = self.tx.get_mut(port) {
+                        discard(tx, DropReason::PortDetached, counters);
+                    }
+                    let _ = done.send(());
+                }
+                Ok(Command::AttachPort(port)) => {
+                    if port < MAX_PORTS {
+                        self.off &= !(1 << port);
+                    }
                 }
                 Ok(Command::Handler(c)) => {
                     counters.commands.inc();
@@ -428,7 +482,7 @@ where
                         queues: &mut self.queues,
                         tx: &mut self.tx,
                         counters,
-                        detached: self.detached,
+                        off: self.off,
                     };
                     self.handler.on_command(c, &mut io);
                 }
@@ -619,5 +673,81 @@ mod tests {
         assert_eq!(counters.tx_packets.get(), 1);
         tx.send(Command::Stop).unwrap();
         assert_eq!(t.join().unwrap().len(), 1);
+    }
+
+    /// Sends one 60-byte frame on every port per command, and reflects nothing.
+    struct SendEverywhereOnCommand;
+
+    impl<Q: PortQueue> Handler<Q> for SendEverywhereOnCommand {
+        type Command = ();
+
+        fn on_burst(&mut self, _port: usize, burst: &mut Burst<Q::Buf>, _io: &mut Io<'_, Q>) {
+            burst.clear();
+        }
+
+        fn on_command(&mut self, _cmd: (), io: &mut Io<'_, Q>) {
+            for port in 0..io.ports() {
+                if let Some(mut b) = io.alloc(port) {
+                    b.append(60).expect("room for 60 bytes");
+                    io.send(port, b);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_port_detached_alone_is_left_alone_until_attached_again_while_the_others_work() {
+        let (dut0, mut host0) = link(info(0), info(1), 64);
+        let (dut1, mut host1) = link(info(2), info(3), 64);
+        let (tx, rx) = unbounded();
+        let counters = Arc::new(LcoreCounters::default());
+        let w = Worker::new(
+            LcoreId(0),
+            vec![dut0, dut1],
+            SendEverywhereOnCommand,
+            StdClock::new(),
+            counters.clone(),
+            rx,
+        );
+        let t = std::thread::spawn(move || w.run());
+        let wait_for = |what: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !what() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        tx.send(Command::Handler(())).unwrap();
+        assert!(host0.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        assert!(host1.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        // Port 0 detached: nothing goes out of it or is taken from it; port 1 carries on.
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        tx.send(Command::DetachPort(0, done_tx)).unwrap();
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("detach answered");
+        assert!(host0.send_frame(&[0u8; 60]));
+        assert!(host1.send_frame(&[0u8; 60]));
+        tx.send(Command::Handler(())).unwrap();
+        assert!(host1.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        wait_for(&|| counters.rx_packets.get() >= 1);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            host0.recv_frame(),
+            None,
+            "nothing sent on the detached port"
+        );
+        assert_eq!(counters.rx_packets.get(), 1, "only port 1's frame taken");
+        assert_eq!(counters.drops(DropReason::PortDetached), 1);
+        assert_eq!(counters.drops(DropReason::Shutdown), 0);
+        // Attached again: the frame that waited in port 0's ring is taken, and it sends.
+        tx.send(Command::AttachPort(0)).unwrap();
+        tx.send(Command::Handler(())).unwrap();
+        assert!(host0.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        assert!(host1.recv_frame_timeout(Duration::from_secs(5)).is_some());
+        wait_for(&|| counters.rx_packets.get() >= 2);
+        assert_eq!(counters.rx_packets.get(), 2);
+        assert_eq!(counters.tx_packets.get(), 5);
+        tx.send(Command::Stop).unwrap();
+        assert_eq!(t.join().unwrap().len(), 2);
     }
 }

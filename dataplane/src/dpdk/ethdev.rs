@@ -64,6 +64,8 @@ pub struct DpdkPort {
     queues: u16,
     driver: String,
     pool: Arc<Mempool>,
+    /// The highest count of each statistic read so far (see [`DpdkPort::stats`]).
+    seen: std::sync::Mutex<PortStats>,
 }
 
 fn check(rc: i32, port: &str, op: &'static str) -> Result<(), Error> {
@@ -120,6 +122,22 @@ impl DpdkPort {
     /// Configures and starts a port: queues, MTU, checksum offloads where the device has them,
     /// RSS where it has it and more than one queue is used.
     pub fn start(setup: &PortSetup, pool: Arc<Mempool>) -> Result<DpdkPort, Error> {
+        let (port, started) = Self::open(setup, pool)?;
+        started.map(|()| port)
+    }
+
+    /// As [`DpdkPort::start`], but a port that is configured and does not start yet (a memif
+    /// client whose server is not there) is returned stopped, with why: its owner starts it
+    /// later with [`DpdkPort::restart`], and no lcore may poll it until then.
+    pub fn start_or_stopped(
+        setup: &PortSetup,
+        pool: Arc<Mempool>,
+    ) -> Result<(DpdkPort, Result<(), Error>), Error> {
+        Self::open(setup, pool)
+    }
+
+    /// Configures a port and tries to start it.
+    fn open(setup: &PortSetup, pool: Arc<Mempool>) -> Result<(DpdkPort, Result<(), Error>), Error> {
         let name = setup.device.clone();
         let cname = CString::new(name.as_str()).map_err(|_| Error::NoSuchPort(name.clone()))?;
         let mut id = 0u16;
@@ -243,11 +261,11 @@ impl DpdkPort {
         }
         // SAFETY: configured port.
         let rc = unsafe { sys::rte_eth_dev_start(id) };
-        check(rc, &name, "rte_eth_dev_start")?;
+        let started = check(rc, &name, "rte_eth_dev_start");
         // All-multicast so IPv6 neighbour discovery (solicited-node groups) reaches us. No
         // promiscuous mode: the appliance only wants frames for its own MAC, broadcast and
         // multicast. Drivers that cannot filter (memif, af_packet on veth) refuse harmlessly.
-        // SAFETY: started port.
+        // SAFETY: a configured port (started or not).
         unsafe {
             sys::rte_eth_allmulticast_enable(id);
         }
@@ -268,14 +286,16 @@ impl DpdkPort {
             mtu,
             caps,
         };
-        Ok(DpdkPort {
+        let port = DpdkPort {
             id,
             name,
             info,
             queues: setup.queues,
             driver,
             pool,
-        })
+            seen: Default::default(),
+        };
+        Ok((port, started))
     }
 
     /// DPDK's port id.
@@ -327,26 +347,57 @@ impl DpdkPort {
         }
     }
 
+    /// Stops the port and starts it again, as a memif client must to connect anew: DPDK
+    /// 22.11's memif client connects to its server only in `rte_eth_dev_start`, and never again
+    /// by itself once the server has gone. An error leaves the port stopped (a memif server
+    /// not there yet); try again later.
+    ///
+    /// No lcore may make a burst call on the port meanwhile, nor until this returns `Ok`:
+    /// stopping swaps DPDK's fast-path functions for ones that must not be called (the caller
+    /// detaches the port from its workers first, see `Command::DetachPort`).
+    pub fn restart(&self) -> Result<(), Error> {
+        // SAFETY: a started or stopped port of ours; no burst calls on it (see above).
+        let rc = unsafe { sys::rte_eth_dev_stop(self.id) };
+        check(rc, &self.name, "rte_eth_dev_stop")?;
+        // SAFETY: a configured, stopped port.
+        let rc = unsafe { sys::rte_eth_dev_start(self.id) };
+        check(rc, &self.name, "rte_eth_dev_start")?;
+        // SAFETY: started port (as at the first start).
+        unsafe {
+            sys::rte_eth_allmulticast_enable(self.id);
+        }
+        Ok(())
+    }
+
     /// The mempool its receive queues take mbufs from.
     pub fn pool(&self) -> &Mempool {
         &self.pool
     }
 
-    /// Basic statistics.
+    /// Basic statistics, each never lower than it was last read: DPDK 22.11's memif sums
+    /// only the rings of the live connection, so while its link is down it reports 0 and
+    /// its counts come back once it is connected again, which a scraper would take for two
+    /// counter resets.
     pub fn stats(&self) -> PortStats {
         let mut s = sys::rte_eth_stats::default();
         // SAFETY: valid port and out pointer.
         unsafe { sys::rte_eth_stats_get(self.id, &mut s) };
-        PortStats {
-            ipackets: s.ipackets,
-            opackets: s.opackets,
-            ibytes: s.ibytes,
-            obytes: s.obytes,
-            imissed: s.imissed,
-            ierrors: s.ierrors,
-            oerrors: s.oerrors,
-            rx_nombuf: s.rx_nombuf,
-        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let m = |a: &mut u64, b: u64| {
+            *a = (*a).max(b);
+            *a
+        };
+        *seen = PortStats {
+            ipackets: m(&mut seen.ipackets, s.ipackets),
+            opackets: m(&mut seen.opackets, s.opackets),
+            ibytes: m(&mut seen.ibytes, s.ibytes),
+            obytes: m(&mut seen.obytes, s.obytes),
+            imissed: m(&mut seen.imissed, s.imissed),
+            ierrors: m(&mut seen.ierrors, s.ierrors),
+            oerrors: m(&mut seen.oerrors, s.oerrors),
+            rx_nombuf: m(&mut seen.rx_nombuf, s.rx_nombuf),
+        };
+        *seen
     }
 
     /// Extended statistics, by the driver's names.

@@ -16,6 +16,11 @@ pub use mbuf::{Mbuf, Mempool};
 
 use std::ffi::CStr;
 
+/// Ports DPDK can have (`RTE_MAX_ETHPORTS` in Debian's build: 32).
+pub const MAX_PORTS: usize = dpdk_sys::RTE_MAX_ETHPORTS as usize;
+// Every port fits a worker's mask of detached ports.
+const _: () = assert!(MAX_PORTS <= crate::lcore::MAX_PORTS);
+
 /// A DPDK failure, with the operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -322,14 +322,16 @@ impl<B> NeighborCache<B> {
         }
     }
 
-    /// The link came up: solicitations sent while it was down went nowhere, so unresolved
-    /// entries start over and solicit at the next poll.
+    /// The link came up: solicitations sent while it was down went nowhere, and what is at
+    /// the far end may have changed (a memif peer restarted with a new MAC), so every entry
+    /// starts over and solicits by broadcast at the next poll, as Linux flushes a device's
+    /// neighbours when its carrier goes. Frames for them are held meanwhile.
     pub fn link_up(&mut self, now: Instant) {
         for e in self.map.values_mut() {
-            if let State::Incomplete { tries, next } = &mut e.state {
-                *tries = 0;
-                *next = now;
-            }
+            e.state = State::Incomplete {
+                tries: 0,
+                next: now,
+            };
         }
         self.wake_at(now);
     }
@@ -450,6 +452,32 @@ mod tests {
         }
         sol.clear();
         assert_eq!(c.poll(s(MAX_SOLICITS as u64), &mut sol), 1);
+    }
+
+    #[test]
+    fn link_up_resolves_known_neighbours_again_by_broadcast() {
+        let mut c: NeighborCache<u32> = NeighborCache::new(4);
+        c.learn(IP, MAC, s(0), true);
+        let mut sol = ArrayVec::new();
+        c.link_up(s(1));
+        c.poll(s(1), &mut sol);
+        assert_eq!(
+            sol.as_slice(),
+            &[Solicit {
+                ip: IP,
+                unicast: None
+            }]
+        );
+        // Frames wait for the answer, which may carry a new MAC.
+        assert!(matches!(
+            c.lookup_or_hold(IP, 7, s(1)),
+            Resolve::Held { solicit: false }
+        ));
+        let new = MacAddr([2, 0, 0, 0, 0, 9]);
+        let l = c.learn(IP, new, s(1), false);
+        assert!(l.changed);
+        assert_eq!(l.held.as_slice(), &[7]);
+        assert!(matches!(c.lookup_or_hold(IP, 8, s(1)), Resolve::Send(8, m) if m == new));
     }
 
     #[test]
