@@ -390,6 +390,13 @@ fn a_memif_client_connects_again_by_itself_when_its_server_restarts() {
         let rb = reg(&n.api[1], 1 << 20);
         let (qa, qb) = pair(&n, None, None, 1024, false);
         write_every_pair(&n, &[(0, qa, qb)], ra, rb);
+        // The API shows ports as read every 250 ms: wait for a reading with the traffic.
+        let t0 = std::time::Instant::now();
+        while port0(&n.api[1])["ipackets"].as_u64() < Some(3)
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         port0(&n.api[1])
     };
     // A, the memif server, dies as a crash would (kill -9) and comes back as a supervisor
@@ -534,5 +541,47 @@ fn a_memif_client_started_before_its_server_connects_once_the_server_is_there() 
     let rb = reg(&n.api[1], 1 << 20);
     let (qa, qb) = pair(&n, None, None, 1024, false);
     write_every_pair(&n, &[(0, qa, qb)], ra, rb);
+    n.stop();
+}
+
+#[test]
+fn frames_in_flight_to_a_destroyed_qp_never_reach_the_qp_that_comes_next() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("stale", 7632);
+    let ra = reg(&n.api[0], 4 << 20);
+    let rb = reg(&n.api[1], 4 << 20);
+    let (qa, qb) = pair(&n, Some(0), Some(0), 1024, false);
+    // A streams 64 KiB WRITEs to B's QP, 16 at a time.
+    let a = n.api[0].base.trim_start_matches("http://").to_string();
+    let body = json!({"opcode": "write", "sge": sge(ra.1, 65536, ra.0), "remote_addr": rb.1,
+                      "rkey": rb.0, "count": 100_000_000u64, "depth": 16, "timeout_ms": 30000});
+    let stream =
+        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
+    let t0 = std::time::Instant::now();
+    while qp_counter(&n.api[0], qa, "sent_pkts") < 2000 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // B's application goes away under the stream: its QP is destroyed while A's goes on
+    // sending and then retransmitting (8 x 67 ms) to its number. At once a new pair is
+    // connected between the same nodes on the same lcores, as the next run would.
+    n.api[1].ok(n.api[1].delete(&format!("/v1/qps/{qb}")));
+    let (qa2, qb2) = pair(&n, Some(0), Some(0), 1024, false);
+    std::thread::sleep(Duration::from_secs(1));
+    let got: Vec<u64> = ["rcvd_pkts", "out_of_sequence", "duplicate_request"]
+        .iter()
+        .map(|c| qp_counter(&n.api[1], qb2, c))
+        .collect();
+    let seq = qp_counter(&n.api[0], qa2, "packet_seq_err");
+    eprintln!(
+        "B's old QP {qb:#x}, new {qb2:#x}: new QP's rcvd/oos/dup {got:?}, A's new QP's packet_seq_err {seq}"
+    );
+    assert_eq!(
+        (got, seq),
+        (vec![0, 0, 0], 0),
+        "the old QP's frames reached the new pair (old QPN {qb:#x}, new {qb2:#x})"
+    );
+    assert_ne!(qb2, qb);
+    let (s, r) = stream.join().unwrap();
+    assert!(s < 500, "{s} {r}");
     n.stop();
 }

@@ -38,6 +38,13 @@ const QP_BUDGET: usize = 32;
 /// iteration ([`crate::lcore::RX_BURSTS_PER_POLL`] bursts), so ACKs keep pace with the data
 /// they acknowledge however many QPs send.
 const TX_PER_POLL: usize = crate::lcore::RX_BURSTS_PER_POLL * crate::BURST_SIZE;
+/// A destroyed QP's number is given out again only once this many others are free: frames
+/// still in flight to the old QP (its peer's retransmissions, a READ response, an ACK) must
+/// not land on a new QP that took its number and is connected to the same node, which would
+/// NAK them (out_of_sequence) and send its own peer a stray NAK (packet_seq_err). RNICs and
+/// rxe (`xa_alloc_cyclic`) rotate QP numbers for the same reason. It costs this many unused
+/// slots per lcore at most.
+pub const QPN_QUARANTINE: usize = 1024;
 /// Frames each handoff ring holds.
 pub const HANDOFF_RING: usize = 4096;
 
@@ -781,7 +788,8 @@ pub struct RdmaHost<B> {
     mrs: MrTable,
     pd: PdHandle,
     slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
+    /// Indices of destroyed QPs, oldest first (see [`QPN_QUARANTINE`]).
+    free: VecDeque<u32>,
     /// Created completion queues and how many QP sides use each (index 0 unused).
     cqs: Vec<Option<(CompletionQueue, u32)>>,
     cq_free: Vec<u32>,
@@ -830,7 +838,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             mrs,
             pd,
             slots: Vec::new(),
-            free: Vec::new(),
+            free: VecDeque::new(),
             cqs: vec![None],
             cq_free: Vec::new(),
             ready: VecDeque::new(),
@@ -1473,7 +1481,12 @@ impl<B: PacketBuf> RdmaHost<B> {
                 }
             }
         }
-        let i = match self.free.pop() {
+        let reuse = if self.free.len() > QPN_QUARANTINE {
+            self.free.pop_front()
+        } else {
+            None
+        };
+        let i = match reuse {
             Some(i) => i,
             None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
                 // QPNs 0 and 1 are the special QPs: shard 0 never hands them out.
@@ -1484,7 +1497,11 @@ impl<B: PacketBuf> RdmaHost<B> {
                 self.slots.push(None);
                 self.slots.len() as u32 - 1
             }
-            None => return Err(CapsError::OutOfRange("QPs on this lcore").to_string()),
+            // Every number is taken: the oldest freed one, if any.
+            None => match self.free.pop_front() {
+                Some(i) => i,
+                None => return Err(CapsError::OutOfRange("QPs on this lcore").to_string()),
+            },
         };
         let r = RcQp::new(self.qpn(i), pd, caps).map(|mut qp| {
             qp.set_congestion_control(cc, self.line_bps, params);
@@ -1510,7 +1527,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     }
                 }
             }
-            Err(_) => self.free.push(i),
+            Err(_) => self.free.push_front(i),
         }
         r.map_err(|e| e.to_string())
     }
@@ -1556,7 +1573,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
         }
         self.timers.cancel(i as u32);
-        self.free.push(i as u32);
+        self.free.push_back(i as u32);
         true
     }
 
@@ -2465,6 +2482,96 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_destroyed_qps_number_waits_behind_a_thousand_others_before_it_is_given_again() {
+        let (qa, _qb) = link(info(1), info(2), 64);
+        let (a, t) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+        let create = || {
+            ask(&a, |reply| RdmaCommand::CreateQp {
+                caps: QpCaps::default(),
+                pd: None,
+                cqs: [None; 2],
+                cc: CcKind::None,
+                params: DcqcnParams::nvidia(),
+                reply,
+            })
+            .unwrap()
+            .unwrap()
+        };
+        let destroy =
+            |qpn| assert!(ask(&a, |reply| RdmaCommand::DestroyQp { qpn, reply }).unwrap());
+        // Create and destroy one QP at a time, as short perftest runs do: no number comes
+        // back while fewer than QPN_QUARANTINE others are free.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..=QPN_QUARANTINE {
+            let q = create();
+            assert!(seen.insert(q), "QPN {q:#x} given again too soon");
+            destroy(q);
+        }
+        // Then the oldest freed number, first of them all, comes back.
+        let first = *seen.iter().min().unwrap();
+        assert_eq!(create(), first);
+        stop_all([&a], vec![t]);
+    }
+
+    #[test]
+    fn frames_to_a_destroyed_qp_do_not_land_on_the_next_qp_connected_to_the_same_node() {
+        let (qa, qb) = link(info(1), info(2), 8192);
+        let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+        let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+        // B's end of a first pair goes away (its application exited), A's goes on sending:
+        // WRITEs, retransmitted every ACK timeout, to B's old QP number.
+        let old = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+        assert!(
+            ask(&b, |reply| RdmaCommand::DestroyQp {
+                qpn: old.qpb,
+                reply
+            })
+            .unwrap()
+        );
+        for id in 0..4 {
+            let wr = SendWr::new(
+                id,
+                SendOp::Write {
+                    remote_addr: PAIR_VA,
+                    rkey: old.kb,
+                },
+                crate::transport::wr::Sge::list(PAIR_VA, 4096, old.ka),
+            );
+            ask(&a, |reply| RdmaCommand::PostSend {
+                qpn: old.qpa,
+                wr: Box::new(wr),
+                reply,
+            })
+            .unwrap()
+            .unwrap();
+        }
+        // A new pair between the same two nodes, while those retransmissions go on.
+        let new = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+        std::thread::sleep(core::time::Duration::from_millis(400));
+        let q = ask(&b, |reply| RdmaCommand::Query {
+            qpn: new.qpb,
+            reply,
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (q.counters.rcvd_pkts, q.counters.out_of_sequence),
+            (0, 0),
+            "the old QP's frames reached the new one: {:?}",
+            q.counters
+        );
+        let qa = ask(&a, |reply| RdmaCommand::Query {
+            qpn: new.qpa,
+            reply,
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(qa.counters.rcvd_pkts, 0, "{:?}", qa.counters);
+        assert_ne!(new.qpb, old.qpb, "B's old QP number given again at once");
+        stop_all([&a, &b], vec![ta, tb]);
     }
 
     #[test]
