@@ -197,7 +197,8 @@ impl<'a, Q: PortQueue> Io<'a, Q> {
 /// Whether `port`'s bit is set in a mask of detached ports.
 #[inline]
 fn is_off(off: u64, port: usize) -> bool {
-    port < MAX_PORTS && off >> port & 1 != 0
+    // Most of the time no port is off: one test, as the single flag this replaced.
+    off != 0 && port < MAX_PORTS && off >> port & 1 != 0
 }
 
 /// Why a frame for a detached port is dropped: the worker is stopping (detached from every

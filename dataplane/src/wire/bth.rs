@@ -200,7 +200,9 @@ impl Repr {
         HEADER_LEN
     }
 
-    /// Writes the header.
+    /// Writes the header. Inlined always: on every frame built, and LLVM's own choice flips
+    /// with unrelated changes to its callers' crate (46 instructions a 64 B WRITE when not).
+    #[inline(always)]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         h.set_opcode(self.opcode);
         h.set_flags(self.se, self.mig_req, self.pad_count, self.tver);
