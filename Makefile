@@ -17,6 +17,7 @@ run: build
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	bash scripts/layers.sh
 
 test: lint
 	$(CARGO) test --workspace -- --test-threads=2

@@ -1,9 +1,6 @@
 //! `rocectl decode`: one line per RoCEv2 packet of a pcap or pcapng file, as tshark shows the
 //! protocol, with the ICRC checked, and a summary.
 
-use dataplane::wire::aeth::{NakCode, Syndrome};
-use dataplane::wire::packet::{Checks, PacketInfo, parse};
-use dataplane::wire::{Error as WireError, icrc, ipv4::Ecn};
 use pcap_file::pcap::PcapReader;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::{Block, PcapNgReader};
@@ -13,6 +10,9 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
+use wire::aeth::{NakCode, Syndrome};
+use wire::packet::{Checks, PacketInfo, parse};
+use wire::{Error as WireError, icrc, ipv4::Ecn};
 
 /// What can go wrong reading a capture.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +75,7 @@ fn syndrome_text(s: Syndrome) -> String {
         Syndrome::Ack { credits } => format!("ACK credits={credits}"),
         Syndrome::RnrNak { timer } => format!(
             "RNR NAK timer={timer} ({:.2} ms)",
-            dataplane::wire::aeth::rnr_duration(timer).as_secs_f64() * 1e3
+            wire::aeth::rnr_duration(timer).as_secs_f64() * 1e3
         ),
         Syndrome::Nak(c) => format!(
             "NAK {}",
@@ -152,7 +152,7 @@ fn text_line(no: u64, t: Duration, frame: &[u8], p: &PacketInfo, icrc_ok: bool) 
     if let Some(r) = p.ieth(frame) {
         let _ = write!(s, " IETH rkey={r:#x}");
     }
-    if p.op.has(dataplane::wire::opcode::mask::PAYLOAD) {
+    if p.op.has(wire::opcode::mask::PAYLOAD) {
         let _ = write!(s, " payload={}", p.payload_len);
     }
     let _ = write!(

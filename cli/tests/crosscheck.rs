@@ -5,16 +5,16 @@
 //!
 //! Needs python3 with scapy and tshark (scripts/setup.sh installs both).
 
-use dataplane::PacketBuf;
-use dataplane::buf::HeapBuf;
-use dataplane::wire::ipv4::{self, Ecn};
-use dataplane::wire::opcode::{OPCODES, mask};
-use dataplane::wire::packet::{ExtRepr, IpRepr, RoceRepr, build};
-use dataplane::wire::{Psn, aeth, atomic_ack_eth, atomic_eth, bth, deth, eth, ipv6, reth, udp};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use wire::PacketBuf;
+use wire::buf::HeapBuf;
+use wire::ipv4::{self, Ecn};
+use wire::opcode::{OPCODES, mask};
+use wire::packet::{ExtRepr, IpRepr, RoceRepr, build};
+use wire::{Psn, aeth, atomic_ack_eth, atomic_eth, bth, deth, eth, ipv6, reth, udp};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

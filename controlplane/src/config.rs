@@ -615,8 +615,8 @@ fn check_device(name: &str, dev: &str) -> Result<String, ConfigError> {
                 ),
             ));
         }
-        if !dpdk_sys::PMD_DIR.is_empty() {
-            let lib = Path::new(dpdk_sys::PMD_DIR).join(format!("librte_{driver}.so"));
+        if !dataplane::dpdk::PMD_DIR.is_empty() {
+            let lib = Path::new(dataplane::dpdk::PMD_DIR).join(format!("librte_{driver}.so"));
             if !lib.exists() {
                 return Err(field(
                     name,
@@ -649,7 +649,7 @@ fn check_device(name: &str, dev: &str) -> Result<String, ConfigError> {
 }
 
 fn installed_net_drivers() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dpdk_sys::PMD_DIR)
+    let mut v: Vec<String> = std::fs::read_dir(dataplane::dpdk::PMD_DIR)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .filter_map(|e| {

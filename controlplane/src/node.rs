@@ -100,7 +100,7 @@ pub fn run(
         plan.mbufs,
         256,
         data_room,
-        dpdk_sys::SOCKET_ID_ANY,
+        dataplane::dpdk::SOCKET_ID_ANY,
     )?);
     let nworkers = plan.eal.worker_cpus.len() as u16;
     let mut ports = Vec::new();

@@ -14,10 +14,10 @@
 //! single-writer per lcore, and errors on that path are values, not strings.
 
 pub mod appliance;
-pub mod buf;
+pub use wire::buf;
 pub mod cc;
 pub mod counters;
-pub mod crc;
+pub use wire::crc;
 pub mod dpdk;
 pub mod hint;
 pub mod lcore;
@@ -27,7 +27,8 @@ pub mod port;
 pub mod sim;
 pub mod time;
 pub mod transport;
-pub mod wire;
+/// RoCEv2 on the wire: the `wire` crate, dataplane's bottom floor (ARCHITECTURE.md).
+pub use wire;
 
 pub use buf::PacketBuf;
 pub use port::{BURST_SIZE, Burst, PortQueue};

@@ -310,6 +310,15 @@ impl SharedMem {
     }
 }
 
+impl crate::buf::PayloadMem for SharedMem {
+    fn len(&self) -> usize {
+        SharedMem::len(self)
+    }
+    fn crc32(&self, crc: u32, off: usize, len: usize) -> u32 {
+        SharedMem::crc32(self, crc, off, len)
+    }
+}
+
 impl MrMemory for SharedMem {
     fn len(&self) -> usize {
         self.block.len

@@ -136,7 +136,7 @@ fn main() -> ExitCode {
         ping_interval: Duration::from_millis(args.ping_interval_ms),
         report: args.report.clone(),
     };
-    tracing::info!(dpdk = dpdk_sys::DPDK_VERSION, eal = %plan.eal.argv()[1..].join(" "), "starting");
+    tracing::info!(dpdk = dataplane::dpdk::DPDK_VERSION, eal = %plan.eal.argv()[1..].join(" "), "starting");
     match node::run(&plan, &opts, stop) {
         Ok(report) => {
             print_summary(&report);

@@ -221,7 +221,7 @@ impl PacketBuf for Mbuf {
 
     fn attach_payload(
         &mut self,
-        mem: &crate::mem::SharedMem,
+        mem: &dyn crate::buf::PayloadMem,
         off: usize,
         len: usize,
         tail: usize,
@@ -229,7 +229,12 @@ impl PacketBuf for Mbuf {
         if self.m().nb_segs != 1 || len > u16::MAX as usize {
             return None;
         }
-        let (addr, iova, sh) = mem.ext_range(off, len)?;
+        // Only hugepage memory of ours has what an external buffer needs (its IO address and
+        // shared info).
+        let mem: &dyn core::any::Any = mem;
+        let (addr, iova, sh) = mem
+            .downcast_ref::<crate::mem::SharedMem>()?
+            .ext_range(off, len)?;
         let pool = self.m().pool;
         // SAFETY: the mbufs come from our own pool and are owned here until chained.
         let (p, t) = unsafe { (sys::rte_pktmbuf_alloc(pool), sys::rte_pktmbuf_alloc(pool)) };

@@ -16,6 +16,10 @@ pub use mbuf::{Mbuf, Mempool};
 
 use std::ffi::CStr;
 
+/// What the control plane needs of DPDK's own constants: its version, where its PMDs are,
+/// and "any NUMA socket" (so that nothing above dataplane names dpdk-sys).
+pub use dpdk_sys::{DPDK_VERSION, PMD_DIR, SOCKET_ID_ANY};
+
 /// Ports DPDK can have (`RTE_MAX_ETHPORTS` in Debian's build: 32).
 pub const MAX_PORTS: usize = dpdk_sys::RTE_MAX_ETHPORTS as usize;
 // Every port fits a worker's mask of detached ports.

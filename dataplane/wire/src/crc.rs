@@ -1,5 +1,5 @@
 //! CRC-32 (Ethernet polynomial, reflected) over a buffer whose first 64 bytes are ORed with
-//! masks on the way in: the kernel of the RoCEv2 ICRC ([`crate::wire::icrc`]).
+//! masks on the way in: the kernel of the RoCEv2 ICRC ([`crate::icrc`]).
 //!
 //! The ICRC covers the headers with a few fields replaced by ones. Copying the headers to
 //! apply the masks and hashing the copy and the payload separately costs two CRC reductions

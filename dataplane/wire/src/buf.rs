@@ -1,8 +1,11 @@
 //! Packet buffers: what a port hands to the loop and takes back to transmit.
 //!
 //! A buffer is one contiguous frame with headroom in front (for headers written ahead of a
-//! payload) and tailroom behind. [`crate::dpdk::Mbuf`] implements [`PacketBuf`] over an rte_mbuf;
-//! [`HeapBuf`] is the in-memory backend's.
+//! payload) and tailroom behind. DPDK's `Mbuf` (dataplane's `dpdk` module) implements
+//! [`PacketBuf`] over an rte_mbuf; [`HeapBuf`] is the in-memory backend's.
+//!
+//! Payloads can travel without a copy from memory that implements [`PayloadMem`] (a region's
+//! bytes), where the buffer can point a segment into it ([`PacketBuf::attach_payload`]).
 
 /// Checksum state a port reports for a received frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,6 +32,20 @@ pub struct TxOffload {
     pub udp_cksum: bool,
     /// The frame is IPv6 (the offload must know the L3 type).
     pub ipv6: bool,
+}
+
+/// Memory a frame's payload can be carried from without a copy: a memory region's bytes.
+/// The buffer that attaches it knows the concrete type it can point into (DPDK's mbufs,
+/// dataplane's hugepage memory) and asks for it with `downcast_ref` on `&dyn Any`.
+pub trait PayloadMem: core::any::Any {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// CRC-32 (the ICRC's polynomial) carried on from `crc` over `len` bytes at `off`.
+    fn crc32(&self, crc: u32, off: usize, len: usize) -> u32;
 }
 
 /// One frame in a contiguous buffer with head- and tailroom.
@@ -79,7 +96,7 @@ pub trait PacketBuf: Send + 'static {
     /// call it on ports whose capabilities include multi-segment transmit.
     fn attach_payload(
         &mut self,
-        _mem: &crate::mem::SharedMem,
+        _mem: &dyn PayloadMem,
         _off: usize,
         _len: usize,
         _tail: usize,
@@ -121,6 +138,7 @@ impl HeapBuf {
     pub const CAPACITY: usize = 9216 + Self::HEADROOM;
 
     /// An empty buffer with the standard headroom.
+    #[inline]
     pub fn new() -> Self {
         HeapBuf {
             storage: vec![0u8; Self::CAPACITY].into_boxed_slice(),
@@ -146,12 +164,15 @@ impl Default for HeapBuf {
 }
 
 impl PacketBuf for HeapBuf {
+    #[inline]
     fn data(&self) -> &[u8] {
         &self.storage[self.start..self.end]
     }
+    #[inline]
     fn data_mut(&mut self) -> &mut [u8] {
         &mut self.storage[self.start..self.end]
     }
+    #[inline]
     fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
         if len > self.start {
             return None;
@@ -159,6 +180,7 @@ impl PacketBuf for HeapBuf {
         self.start -= len;
         Some(&mut self.storage[self.start..self.start + len])
     }
+    #[inline]
     fn adj(&mut self, len: usize) -> bool {
         if len > self.end - self.start {
             return false;
@@ -166,6 +188,7 @@ impl PacketBuf for HeapBuf {
         self.start += len;
         true
     }
+    #[inline]
     fn append(&mut self, len: usize) -> Option<&mut [u8]> {
         if self.end + len > self.storage.len() {
             return None;
@@ -174,6 +197,7 @@ impl PacketBuf for HeapBuf {
         self.end += len;
         Some(&mut self.storage[old..self.end])
     }
+    #[inline]
     fn trim(&mut self, len: usize) -> bool {
         if len > self.end - self.start {
             return false;
@@ -181,6 +205,7 @@ impl PacketBuf for HeapBuf {
         self.end -= len;
         true
     }
+    #[inline]
     fn reset(&mut self) -> bool {
         self.start = Self::HEADROOM;
         self.end = Self::HEADROOM;
@@ -228,7 +253,8 @@ impl PacketBuf for Vec<u8> {
 
 /// Test buffers that wrap a [`HeapBuf`] (field 0) to change one behaviour: this writes the
 /// trait's other required methods as plain delegation, and the caller adds `append`.
-#[cfg(test)]
+#[doc(hidden)]
+#[macro_export]
 macro_rules! delegate_heap_buf {
     () => {
         fn data(&self) -> &[u8] {
@@ -251,8 +277,7 @@ macro_rules! delegate_heap_buf {
         }
     };
 }
-#[cfg(test)]
-pub(crate) use delegate_heap_buf;
+pub use crate::delegate_heap_buf;
 
 #[cfg(test)]
 mod tests {

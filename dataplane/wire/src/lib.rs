@@ -15,7 +15,17 @@
 //! write again. The L2-L4 headers here ([`eth`], [`ipv4`], [`ipv6`], [`udp`]) are our own because
 //! they carry what RoCE needs and smoltcp's Reprs do not (DSCP and ECN, IPv4 identification and
 //! flags, the flow label), so that a parsed RoCE packet re-emits byte for byte.
-#![forbid(unsafe_code)]
+//!
+//! This crate is the bottom floor of ferroce (ARCHITECTURE.md): it names no other part of it and
+//! no DPDK, so `rocectl` builds on it alone. With the headers it holds [`buf`], what a frame
+//! buffer is ([`PacketBuf`], [`HeapBuf`](buf::HeapBuf), and [`PayloadMem`](buf::PayloadMem) for
+//! payloads carried without a copy), and [`crc`], the masked CRC-32 kernel of the ICRC: the only
+//! `unsafe` here, the PCLMULQDQ intrinsics, each call behind a CPU feature check.
+#![deny(unsafe_code)]
+
+pub mod buf;
+#[allow(unsafe_code)]
+pub mod crc;
 
 pub mod aeth;
 pub mod arp;
@@ -38,6 +48,7 @@ pub mod psn;
 pub mod reth;
 pub mod udp;
 
+pub use buf::PacketBuf;
 pub use psn::Psn;
 
 #[cfg(test)]
@@ -108,16 +119,16 @@ macro_rules! header_view {
             }
             /// Wraps a buffer, checking that the header fits.
             #[inline]
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<Self> {
+            pub fn new_checked(buffer: T) -> $crate::Result<Self> {
                 let h = Self::new_unchecked(buffer);
                 h.check_len()?;
                 Ok(h)
             }
             /// Checks that the header fits.
             #[inline]
-            pub fn check_len(&self) -> $crate::wire::Result<()> {
+            pub fn check_len(&self) -> $crate::Result<()> {
                 if self.buffer.as_ref().len() < $len {
-                    Err($crate::wire::Error::Truncated)
+                    Err($crate::Error::Truncated)
                 } else {
                     Ok(())
                 }

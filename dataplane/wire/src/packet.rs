@@ -532,7 +532,7 @@ pub fn build<B: PacketBuf>(buf: &mut B, repr: &RoceRepr, offload: bool) -> Resul
 pub fn build_attached<B: PacketBuf>(
     buf: &mut B,
     repr: &RoceRepr,
-    mem: &crate::mem::SharedMem,
+    mem: &dyn crate::buf::PayloadMem,
     off: usize,
     len: usize,
     offload: bool,
@@ -580,7 +580,7 @@ pub fn build_attached<B: PacketBuf>(
 mod tests {
     use super::*;
     use crate::buf::HeapBuf;
-    use crate::wire::opcode::op;
+    use crate::opcode::op;
     use core::net::Ipv4Addr;
 
     #[inline]
@@ -627,6 +627,20 @@ mod tests {
         }
     }
 
+    /// Plain bytes as attachable memory, for the test below.
+    struct Bytes(Vec<u8>);
+
+    impl crate::buf::PayloadMem for Bytes {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn crc32(&self, crc: u32, off: usize, len: usize) -> u32 {
+            let mut h = crc32fast::Hasher::new_with_initial(crc);
+            h.update(&self.0[off..off + len]);
+            h.finalize()
+        }
+    }
+
     /// A heap buffer whose "attachment" copies the bytes after the frame: the frame it ends
     /// up with is the one a port sends from the chained segments.
     struct CopyAttach(HeapBuf);
@@ -638,23 +652,24 @@ mod tests {
         }
         fn attach_payload(
             &mut self,
-            mem: &crate::mem::SharedMem,
+            mem: &dyn crate::buf::PayloadMem,
             off: usize,
             len: usize,
             tail: usize,
         ) -> Option<&mut [u8]> {
-            use crate::transport::mr::MrMemory;
-            mem.read(off, self.0.append(len)?);
+            let any: &dyn core::any::Any = mem;
+            let bytes = any.downcast_ref::<Bytes>()?;
+            self.0
+                .append(len)?
+                .copy_from_slice(&bytes.0[off..off + len]);
             self.0.append(tail)
         }
     }
 
     #[test]
     fn attached_payload_makes_the_same_frame_as_a_copied_one() {
-        use crate::transport::mr::MrMemory;
-        let mut mem = crate::mem::SharedMem::heap(16384).unwrap();
         let pattern: Vec<u8> = (0..16384u32).map(|i| (i * 13 + i / 256) as u8).collect();
-        mem.write(0, &pattern);
+        let mem = Bytes(pattern.clone());
         for (opcode, len, off) in [
             (op::RC_WRITE_MIDDLE, 4096, 0),
             (op::RC_WRITE_ONLY_IMM, 2049, 77),
