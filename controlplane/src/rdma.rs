@@ -699,7 +699,7 @@ impl Rdma {
                     pd: pd.0,
                     va,
                     access,
-                    mem: mem.clone(),
+                    mem: Box::new(mem.clone()),
                     reply,
                 })
                 .and_then(|r| r.map_err(mr_error));

@@ -324,7 +324,7 @@ impl MrMemory for SharedMem {
         self.block.len
     }
 
-    fn shared(&self) -> Option<&SharedMem> {
+    fn attachable(&self) -> Option<&dyn crate::buf::PayloadMem> {
         Some(self)
     }
 

@@ -79,8 +79,9 @@ pub enum RdmaCommand {
         va: u64,
         /// Rights.
         access: Access,
-        /// The memory, shared with the other lcores.
-        mem: crate::mem::SharedMem,
+        /// The memory, shared with the other lcores (a handle to it: dataplane's hugepage
+        /// `SharedMem` on a node).
+        mem: Box<dyn super::mr::MrMemory>,
         /// Done, or why not.
         reply: Sender<Result<(), MrError>>,
     },
@@ -1598,9 +1599,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 mem,
                 reply,
             } => {
-                let r = self
-                    .mrs
-                    .register_at(PdHandle(pd), key, va, Box::new(mem), access);
+                let r = self.mrs.register_at(PdHandle(pd), key, va, mem, access);
                 let _ = reply.send(r);
             }
             RdmaCommand::AllocPd { pd, reply } => {

@@ -93,9 +93,16 @@ pub trait MrMemory: Send {
     /// address space) and returns the word's original value. Atomic with respect to the
     /// other users of shared memory.
     fn atomic(&mut self, off: usize, op: AtomicOp) -> u64;
-    /// The memory as [`crate::mem::SharedMem`], whose bytes frames can carry without a copy.
-    fn shared(&self) -> Option<&crate::mem::SharedMem> {
+    /// The memory as bytes frames can carry without a copy, if it is (the buffer that attaches
+    /// them decides whether it can point into it).
+    fn attachable(&self) -> Option<&dyn wire::buf::PayloadMem> {
         None
+    }
+}
+
+impl core::fmt::Debug for dyn MrMemory {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "MrMemory({} bytes)", self.len())
     }
 }
 
@@ -200,11 +207,15 @@ impl MemoryRegion {
         Ok((va - self.va) as usize)
     }
 
-    /// The shared memory behind the region and the offset of `[va, va + len)` in it, for
-    /// frames that carry those bytes without a copy; `None` for other memory or a range that
-    /// does not lie inside.
-    pub fn shared_range(&self, va: u64, len: u64) -> Option<(&crate::mem::SharedMem, usize)> {
-        let m = self.mem.shared()?;
+    /// The memory behind the region and the offset of `[va, va + len)` in it, for frames that
+    /// carry those bytes without a copy; `None` for memory that cannot be attached or a range
+    /// that does not lie inside.
+    pub fn attachable_range(
+        &self,
+        va: u64,
+        len: u64,
+    ) -> Option<(&dyn wire::buf::PayloadMem, usize)> {
+        let m = self.mem.attachable()?;
         Some((m, self.offset(va, len).ok()?))
     }
 

@@ -939,7 +939,7 @@ impl RcQp {
         let Some((mem, off)) = mrs
             .get(lkey)
             .ok()
-            .and_then(|m| m.shared_range(va, len as u64))
+            .and_then(|m| m.attachable_range(va, len as u64))
         else {
             return false;
         };
