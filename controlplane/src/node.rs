@@ -307,6 +307,10 @@ const MEMIF_RECONNECT_AFTER: Duration = Duration::from_secs(1);
 const MEMIF_RECONNECT_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between two attempts.
 const MEMIF_RECONNECT_MAX: Duration = Duration::from_secs(4);
+/// How long a port that started is left to finish the driver's handshake (in its interrupt
+/// thread) before it is stopped and started again: stopping it mid-handshake would race that
+/// thread, and a loaded machine can take far longer than the usual milliseconds.
+const MEMIF_HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 
 /// Connects a memif client port again once its server has gone (killed, restarted). DPDK
 /// 22.11's memif client connects only when its port starts, so a client whose link has been
@@ -332,7 +336,12 @@ impl Reconnect {
     fn new(now: Instant, stopped: bool) -> Self {
         Reconnect {
             down_since: stopped.then(|| now.checked_sub(MEMIF_RECONNECT_AFTER).unwrap_or(now)),
-            next_try: now,
+            // A port that started has its handshake to finish first.
+            next_try: if stopped {
+                now
+            } else {
+                now + MEMIF_HANDSHAKE_WAIT
+            },
             wait: MEMIF_RECONNECT_FIRST,
             detached: stopped,
             failures: stopped as u32,
@@ -373,6 +382,8 @@ impl Reconnect {
                     device = port.name(),
                     "memif client connecting again"
                 );
+                self.next_try = now + MEMIF_HANDSHAKE_WAIT.max(self.wait);
+                return;
             }
             Err(e) => {
                 self.failures += 1;
