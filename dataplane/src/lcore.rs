@@ -618,7 +618,7 @@ mod tests {
         assert_eq!(counters.tx_bytes.get(), 600);
     }
 
-    /// Sends one 60-byte frame on port 0 per command, and reflects nothing.
+    /// Sends one 60-byte frame on every port per command, and reflects nothing.
     struct SendOnCommand;
 
     impl<Q: PortQueue> Handler<Q> for SendOnCommand {
@@ -629,9 +629,11 @@ mod tests {
         }
 
         fn on_command(&mut self, _cmd: (), io: &mut Io<'_, Q>) {
-            if let Some(mut b) = io.alloc(0) {
-                b.append(60).expect("room for 60 bytes");
-                io.send(0, b);
+            for port in 0..io.ports() {
+                if let Some(mut b) = io.alloc(port) {
+                    b.append(60).expect("room for 60 bytes");
+                    io.send(port, b);
+                }
             }
         }
     }
@@ -676,26 +678,6 @@ mod tests {
         assert_eq!(t.join().unwrap().len(), 1);
     }
 
-    /// Sends one 60-byte frame on every port per command, and reflects nothing.
-    struct SendEverywhereOnCommand;
-
-    impl<Q: PortQueue> Handler<Q> for SendEverywhereOnCommand {
-        type Command = ();
-
-        fn on_burst(&mut self, _port: usize, burst: &mut Burst<Q::Buf>, _io: &mut Io<'_, Q>) {
-            burst.clear();
-        }
-
-        fn on_command(&mut self, _cmd: (), io: &mut Io<'_, Q>) {
-            for port in 0..io.ports() {
-                if let Some(mut b) = io.alloc(port) {
-                    b.append(60).expect("room for 60 bytes");
-                    io.send(port, b);
-                }
-            }
-        }
-    }
-
     #[test]
     fn a_port_detached_alone_is_left_alone_until_attached_again_while_the_others_work() {
         let (dut0, mut host0) = link(info(0), info(1), 64);
@@ -705,7 +687,7 @@ mod tests {
         let w = Worker::new(
             LcoreId(0),
             vec![dut0, dut1],
-            SendEverywhereOnCommand,
+            SendOnCommand,
             StdClock::new(),
             counters.clone(),
             rx,

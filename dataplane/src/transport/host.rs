@@ -2470,6 +2470,20 @@ mod tests {
         (tx, std::thread::spawn(move || w.run()))
     }
 
+    /// A QP with the default caps and no congestion control, unconnected.
+    fn plain_qp(ctl: &HostControl) -> u32 {
+        ask(ctl, |reply| RdmaCommand::CreateQp {
+            caps: QpCaps::default(),
+            pd: None,
+            cqs: [None; 2],
+            cc: CcKind::None,
+            params: DcqcnParams::nvidia(),
+            reply,
+        })
+        .unwrap()
+        .unwrap()
+    }
+
     /// Stops the workers and waits for them.
     fn stop_all<'a, T>(
         ctls: impl IntoIterator<Item = &'a HostControl>,
@@ -2487,18 +2501,7 @@ mod tests {
     fn a_destroyed_qps_number_waits_behind_a_thousand_others_before_it_is_given_again() {
         let (qa, _qb) = link(info(1), info(2), 64);
         let (a, t) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
-        let create = || {
-            ask(&a, |reply| RdmaCommand::CreateQp {
-                caps: QpCaps::default(),
-                pd: None,
-                cqs: [None; 2],
-                cc: CcKind::None,
-                params: DcqcnParams::nvidia(),
-                reply,
-            })
-            .unwrap()
-            .unwrap()
-        };
+        let create = || plain_qp(&a);
         let destroy =
             |qpn| assert!(ask(&a, |reply| RdmaCommand::DestroyQp { qpn, reply }).unwrap());
         // Create and destroy one QP at a time, as short perftest runs do: no number comes
@@ -2664,16 +2667,7 @@ mod tests {
             "{r:?}"
         );
         // A QP that is not connected cannot stream.
-        let q = ask(a, |reply| RdmaCommand::CreateQp {
-            caps: QpCaps::default(),
-            pd: None,
-            cqs: [None; 2],
-            cc: CcKind::None,
-            params: DcqcnParams::nvidia(),
-            reply,
-        })
-        .unwrap()
-        .unwrap();
+        let q = plain_qp(a);
         let refused = ask(a, |reply| RdmaCommand::Stream {
             qpn: q,
             wr: Box::new(r_wr),
@@ -2686,16 +2680,7 @@ mod tests {
         assert!(refused.is_err_and(|e| e.contains("RTS")));
         assert!(r.elapsed_ns > 0);
         // QPNs carry their owner.
-        let q = ask(b, |reply| RdmaCommand::CreateQp {
-            caps: QpCaps::default(),
-            pd: None,
-            cqs: [None; 2],
-            cc: CcKind::None,
-            params: DcqcnParams::nvidia(),
-            reply,
-        })
-        .unwrap()
-        .unwrap();
+        let q = plain_qp(b);
         assert_eq!(shard_of(q), 1);
         // Wrong input gets an answer, not a panic.
         let wr = SendWr::new(9, SendOp::Send, super::super::wr::SgList::new());
