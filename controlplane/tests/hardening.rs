@@ -196,6 +196,28 @@ fn qp_counter(api: &Api, qpn: u32, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{v}"))
 }
 
+/// Has A's lcore stream 64 KiB WRITEs on `qa` to B's region, 16 at a time, far longer than a
+/// test lasts, and waits (20 s at most) until `sent` packets have left; the stream's answer.
+fn write_stream(
+    n: &Cluster,
+    qa: u32,
+    ra: (u32, u64),
+    rb: (u32, u64),
+    timeout_ms: u64,
+    sent: u64,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let a = n.api[0].base.trim_start_matches("http://").to_string();
+    let body = json!({"opcode": "write", "sge": sge(ra.1, 65536, ra.0), "remote_addr": rb.1,
+                      "rkey": rb.0, "count": 100_000_000u64, "depth": 16, "timeout_ms": timeout_ms});
+    let stream =
+        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
+    let t0 = std::time::Instant::now();
+    while qp_counter(&n.api[0], qa, "sent_pkts") < sent && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stream
+}
+
 #[test]
 fn a_qp_whose_port_stops_taking_frames_fails_within_its_retries() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -204,16 +226,7 @@ fn a_qp_whose_port_stops_taking_frames_fails_within_its_retries() {
     let rb = reg(&n.api[1], 4 << 20);
     let (qa, _) = pair(&n, Some(0), Some(0), 1024, false);
     // A's lcore streams 64 KiB WRITEs to B, 16 at a time, far longer than the test lasts.
-    let a = n.api[0].base.trim_start_matches("http://").to_string();
-    let body = json!({"opcode": "write", "sge": sge(ra.1, 65536, ra.0), "remote_addr": rb.1,
-                      "rkey": rb.0, "count": 100_000_000u64, "depth": 16, "timeout_ms": 60000});
-    let stream =
-        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
-    let t0 = std::time::Instant::now();
-    while qp_counter(&n.api[0], qa, "sent_pkts") < 10_000 && t0.elapsed() < Duration::from_secs(20)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let stream = write_stream(&n, qa, ra, rb, 60_000, 10_000);
     assert!(
         qp_counter(&n.api[0], qa, "sent_pkts") >= 10_000,
         "the stream runs"
@@ -552,15 +565,7 @@ fn frames_in_flight_to_a_destroyed_qp_never_reach_the_qp_that_comes_next() {
     let rb = reg(&n.api[1], 4 << 20);
     let (qa, qb) = pair(&n, Some(0), Some(0), 1024, false);
     // A streams 64 KiB WRITEs to B's QP, 16 at a time.
-    let a = n.api[0].base.trim_start_matches("http://").to_string();
-    let body = json!({"opcode": "write", "sge": sge(ra.1, 65536, ra.0), "remote_addr": rb.1,
-                      "rkey": rb.0, "count": 100_000_000u64, "depth": 16, "timeout_ms": 30000});
-    let stream =
-        std::thread::spawn(move || Api::new(&a).post(&format!("/v1/qps/{qa}/stream"), body));
-    let t0 = std::time::Instant::now();
-    while qp_counter(&n.api[0], qa, "sent_pkts") < 2000 && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let stream = write_stream(&n, qa, ra, rb, 30_000, 2000);
     // B's application goes away under the stream: its QP is destroyed while A's goes on
     // sending and then retransmitting (8 x 67 ms) to its number. At once a new pair is
     // connected between the same nodes on the same lcores, as the next run would.
