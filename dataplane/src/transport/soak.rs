@@ -217,6 +217,11 @@ fn sge(key: u32, qp: usize, area: u64, at: u64, len: u32) -> SgList {
     v
 }
 
+/// Whether QP pair `q` has died: a send queue of either side has failed.
+fn pair_dead(failed: &[Vec<bool>; 2], q: usize) -> bool {
+    failed[0][q] || failed[1][q]
+}
+
 /// Whether an area's bytes equal the model's, but for the `(start, len)` ranges whose bytes
 /// are undefined.
 fn matches_model(got: &[u8], model: &[u8], undefined: &[(u64, u64)]) -> bool {
@@ -274,10 +279,10 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         (0..n).map(|_| Ring::default()).collect(),
         (0..n).map(|_| Ring::default()).collect(),
     ];
-    // QP pairs killed by a RETRY_EXC_ERR; per side and QP, whether its send queue has failed;
-    // per side and QP, target ranges whose bytes are undefined: changed by a WRITE or atomic
-    // that did not complete successfully (it may have landed before the pair died, or not).
-    let mut dead = vec![false; n];
+    // Per side and QP, whether its send queue has failed (a pair is dead once either side's
+    // has: `pair_dead`); per side and QP, target ranges whose bytes are undefined: changed by
+    // a WRITE or atomic that did not complete successfully (it may have landed before the
+    // pair died, or not).
     let mut failed = [vec![false; n], vec![false; n]];
     let mut undefined: [Vec<Vec<(u64, u64)>>; 2] = [vec![Vec::new(); n], vec![Vec::new(); n]];
     let mut report = SoakReport::default();
@@ -297,14 +302,14 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
             if issued >= cfg.ops {
                 break;
             }
-            if dead.iter().all(|d| *d) {
+            if (0..n).all(|q| pair_dead(&failed, q)) {
                 report.abandoned = cfg.ops - issued;
                 issued = cfg.ops;
                 break;
             }
             let s = rng.below(2) as usize;
             let q = rng.below(n as u64) as usize;
-            if posted[s][q].len() >= cfg.depth || dead[q] {
+            if posted[s][q].len() >= cfg.depth || pair_dead(&failed, q) {
                 continue;
             }
             let size = if rng.chance(0.7) {
@@ -608,7 +613,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         // the pair then dies and everything after it is flushed. Nothing else.
                         match c.status {
                             WcStatus::RetryExcErr if !failed[si][q] => report.retry_exceeded += 1,
-                            WcStatus::WrFlushErr if dead[q] => report.flushed += 1,
+                            WcStatus::WrFlushErr if pair_dead(&failed, q) => report.flushed += 1,
                             _ => {
                                 fail(
                                     &mut report,
@@ -620,11 +625,10 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                                 break;
                             }
                         }
-                        failed[si][q] = true;
-                        if !dead[q] {
-                            dead[q] = true;
+                        if !pair_dead(&failed, q) {
                             kill.push(q);
                         }
+                        failed[si][q] = true;
                         if let Some(t) = p.target {
                             undefined[1 - si][q].push(t);
                         }
@@ -692,7 +696,10 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         );
                         break;
                     };
-                    if c.wr_id == r.wr_id && c.status == WcStatus::WrFlushErr && dead[q] {
+                    if c.wr_id == r.wr_id
+                        && c.status == WcStatus::WrFlushErr
+                        && pair_dead(&failed, q)
+                    {
                         report.recv_flushed += 1;
                         rrings[si][q].free_oldest();
                         continue;
