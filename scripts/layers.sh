@@ -12,11 +12,11 @@ cd "$(dirname "$0")/.."
 # rule name | the files it covers (find paths) | what they must not name (grep -P)
 # (`crate::{a, b}` groups count too: `crate::(\{[^}]*\b)?name\b`.)
 rules=(
-    "wire-is-the-bottom|dataplane/wire/src|\b(dataplane|dpdk_sys)::"
-    "transport-has-no-io|dataplane/src/transport|crate::(\{[^}]*\b)?(lcore|port|dpdk|mem|net|appliance)\b|dpdk_sys|std::time::(Instant|SystemTime)"
-    "transport-is-not-the-simulator|dataplane/src/transport|crate::(\{[^}]*\b)?sim\b"
-    "cc-has-no-io|dataplane/src/cc|crate::(\{[^}]*\b)?(transport|lcore|port|dpdk|mem|net|appliance)\b|dpdk_sys|std::time::(Instant|SystemTime)"
-    "the-ip-stack-has-no-dpdk|dataplane/src/net|crate::(\{[^}]*\b)?(dpdk|mem|transport)\b|dpdk_sys"
+    "wire-is-the-bottom|dataplane/wire/src|\b(dataplane|dpdk_sys|transport|netsim)::"
+    "transport-reads-no-clock|dataplane/transport/src|std::time::(Instant|SystemTime)"
+    "cc-is-below-the-engine|dataplane/transport/src/cc|crate::(\{[^}]*\b)?(cq|mr|qp|rc|wr|ops|resp_check|timers)\b"
+    "the-simulator-reads-no-clock|dataplane/netsim/src|std::time::(Instant|SystemTime)"
+    "the-ip-stack-has-no-dpdk|dataplane/src/net|crate::(\{[^}]*\b)?(dpdk|mem|host)\b|dpdk_sys|\btransport::"
     "controlplane-reaches-dpdk-through-dataplane|controlplane/src|dpdk_sys"
     "rocectl-needs-only-wire|cli/src|dataplane::(?!wire\b)"
 )
@@ -38,8 +38,9 @@ count() {
     printf '%s' "$out"
 }
 
-# Crates that must not reach DPDK at all, by their dependency trees (Cargo.lock, no network).
-crates_without_dpdk=(wire cli)
+# Crates that must not reach DPDK (or dataplane) at all, by their dependency trees (Cargo.lock,
+# no network), tests included; and the transport may use the simulator in its tests only.
+crates_without_dpdk=(wire netsim transport cli)
 
 if [ "${1:-}" = "--print" ]; then
     count
@@ -80,6 +81,11 @@ for c in "${crates_without_dpdk[@]}"; do
         bad=1
     fi
 done
+if cargo tree --offline -q -p transport -e normal,build --prefix none 2>/dev/null \
+    | grep -qE '^netsim '; then
+    echo "layers: crate transport depends on netsim outside its tests (cargo tree -p transport -i netsim)" >&2
+    bad=1
+fi
 if [ "$bad" -ne 0 ]; then
     exit 1
 fi

@@ -18,10 +18,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dataplane::cc::{CcKind, DcqcnParams};
+use dataplane::host::LatKind;
 use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
-use dataplane::transport::host::LatKind;
 use dataplane::transport::qp::{Mtu, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, SgList, Sge, UdDest};
@@ -699,7 +699,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     )
 }
 
-fn qp_json(lcore: usize, q: &dataplane::transport::host::QpQuery, qpn: u32) -> Value {
+fn qp_json(lcore: usize, q: &dataplane::host::QpQuery, qpn: u32) -> Value {
     let c = &q.cfg;
     let counters: serde_json::Map<String, Value> = q
         .counters
@@ -1497,7 +1497,7 @@ impl RecvStreamBody {
     }
 }
 
-fn stream_result(r: dataplane::transport::host::StreamResult) -> Reply {
+fn stream_result(r: dataplane::host::StreamResult) -> Reply {
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,

@@ -10,8 +10,8 @@
 
 use crate::api::ApiState;
 use dataplane::counters::DropReason;
+use dataplane::host::HostCounters;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode};
-use dataplane::transport::host::HostCounters;
 use dataplane::transport::qp::QpState;
 use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 

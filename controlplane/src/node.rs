@@ -10,12 +10,12 @@ use dataplane::counters::LcoreCounters;
 use dataplane::dpdk::{
     self, DpdkPort, DpdkQueue, Eal, HugepageHeap, Mempool, PortSetup, TscSource,
 };
+use dataplane::host::RdmaHost;
 use dataplane::lcore::{Command, Handler, LcoreId, MacSwap, Worker};
 use dataplane::net::neighbor::State;
 use dataplane::net::{NetCommand, NetEvent, NetStack};
 use dataplane::port::impair::{ImpairHandle, Impaired};
 use dataplane::port::{PortId, PortQueue, QueueId};
-use dataplane::transport::host::RdmaHost;
 use serde_json::json;
 use std::net::IpAddr;
 use std::path::PathBuf;

@@ -9,14 +9,14 @@
 use crossbeam_channel::{Sender, bounded};
 use dataplane::appliance::ApplianceCommand;
 use dataplane::cc::{CcKind, DcqcnParams};
+use dataplane::host::{
+    CqState, HostCounters, LatKind, LatResult, QpQuery, RdmaCommand, StreamResult, shard_of,
+};
 use dataplane::lcore::Command;
 use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
-use dataplane::transport::host::{
-    CqState, HostCounters, LatKind, LatResult, QpQuery, RdmaCommand, StreamResult, shard_of,
-};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::{Connect, QpCaps};

@@ -7,11 +7,11 @@
 //! lcore's one channel as an [`ApplianceCommand`].
 
 use crate::PacketBuf;
+use crate::host::{RdmaCommand, RdmaHost};
 use crate::lcore::{Handler, Io};
 use crate::net::stack::ROCEV2_UDP_PORT;
 use crate::net::{NetCommand, NetStack};
 use crate::port::{Burst, PortQueue};
-use crate::transport::host::{RdmaCommand, RdmaHost};
 
 /// A command for one of the lcore's two handlers.
 #[derive(Debug)]

@@ -5,8 +5,8 @@
 //! hugepages (scripts/setup.sh), as `make test` has.
 
 use dataplane::dpdk::MemifCable;
+use dataplane::host::{RdmaHost, pair_check};
 use dataplane::lcore::Command;
-use dataplane::transport::host::{RdmaHost, pair_check};
 use dataplane::transport::qp::Mtu;
 
 #[test]

@@ -9,8 +9,8 @@
 use clap::Parser;
 use dataplane::cc::CcKind;
 use dataplane::dpdk::MemifCable;
+use dataplane::host::{PAIR_VA, RdmaCommand, RdmaHost, connect_pair};
 use dataplane::lcore::Command;
-use dataplane::transport::host::{PAIR_VA, RdmaCommand, RdmaHost, connect_pair};
 use dataplane::transport::qp::Mtu;
 use dataplane::transport::wr::{SendOp, SendWr, Sge};
 use std::time::Duration;

@@ -7,7 +7,7 @@
 
 use clap::Parser;
 use dataplane::sim::Faults;
-use dataplane::transport::soak::{SoakConfig, run};
+use dataplane::sim::soak::{SoakConfig, run};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 

@@ -26,6 +26,9 @@
 pub mod buf;
 #[allow(unsafe_code)]
 pub mod crc;
+// A prefetch hint for the packet path (an intrinsic, hence `unsafe`).
+#[allow(unsafe_code)]
+pub mod hint;
 
 pub mod aeth;
 pub mod arp;
@@ -46,6 +49,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod time;
 pub mod udp;
 
 pub use buf::PacketBuf;

@@ -30,8 +30,8 @@
 //! Sans-IO like the transport: time comes in, [`Dcqcn::next_timeout`] says when
 //! [`Dcqcn::handle_timeout`] is due.
 
-use crate::time::Instant;
 use core::time::Duration;
+use wire::time::Instant;
 
 /// DCQCN settings, named and scaled as NVIDIA's firmware knobs are.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -6,9 +6,9 @@
 
 use super::mr::{Access, MrError, MrTable, PdHandle};
 use super::qp::Mtu;
-use crate::wire::aeth::NakCode;
-use crate::wire::opcode::{OpInfo, lookup, mask};
-use crate::wire::{Psn, atomic_eth, reth};
+use wire::aeth::NakCode;
+use wire::opcode::{OpInfo, lookup, mask};
+use wire::{Psn, atomic_eth, reth};
 
 /// What the checks need of a request packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +189,7 @@ pub fn check(s: &ResponderState, req: &Request, mrs: &MrTable) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::opcode::op;
+    use wire::opcode::op;
 
     struct Env {
         mrs: MrTable,

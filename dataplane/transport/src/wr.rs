@@ -11,9 +11,9 @@
 use super::cq::WcOpcode;
 use super::mr::{MrError, MrTable};
 use super::qp::Mtu;
-use crate::wire::opcode::op;
-use crate::wire::{Psn, atomic_eth, packet::ExtRepr, reth};
 use arrayvec::ArrayVec;
+use wire::opcode::op;
+use wire::{Psn, atomic_eth, packet::ExtRepr, reth};
 
 /// Scatter/gather entries per work request (the device limit; a QP's own limit may be lower).
 pub const MAX_SGE: usize = 8;
@@ -634,8 +634,8 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(format!("{b:?}").matches("Sge").count(), 3);
     }
-    use crate::transport::mr::Access;
-    use crate::wire::opcode::lookup;
+    use crate::mr::Access;
+    use wire::opcode::lookup;
 
     fn names(p: &Plan) -> Vec<(&'static str, u32, u32, bool)> {
         p.iter()

@@ -24,18 +24,16 @@ use super::wr::{
     ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, SgList, Sge, WrError,
     ext_headers, gather, locate, plan,
 };
-use crate::PacketBuf;
 use crate::cc::{Cc, CcKind, DcqcnParams};
-use crate::time::Instant;
-use crate::wire::aeth::{self, NakCode, Syndrome};
-use crate::wire::ipv4::{self, Ecn};
-use crate::wire::opcode::{mask, op};
-use crate::wire::packet::{
-    Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, build_attached, parse,
-};
-use crate::wire::{Psn, atomic_ack_eth, bth, cnp, deth, eth, ipv6, udp};
 use arrayvec::ArrayVec;
 use std::collections::VecDeque;
+use wire::PacketBuf;
+use wire::aeth::{self, NakCode, Syndrome};
+use wire::ipv4::{self, Ecn};
+use wire::opcode::{mask, op};
+use wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, build_attached, parse};
+use wire::time::Instant;
+use wire::{Psn, atomic_ack_eth, bth, cnp, deth, eth, ipv6, udp};
 
 /// Why a post was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

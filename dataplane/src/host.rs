@@ -15,12 +15,6 @@
 //! through a lock-free single-producer single-consumer ring ([`RdmaHost::sharded`]), counted as
 //! a handoff; memory regions belong to the lcore they were registered on.
 
-use super::cq::{CompletionQueue, LatencyHistograms, WorkCompletion};
-use super::mr::{Access, MrError, MrTable, PdHandle};
-use super::qp::QpAttr;
-use super::rc::{CapsError, Connect, PostError, QpCaps, QpCounters, RcQp};
-use super::timers::TimerQueue;
-use super::wr::{RecvWr, SendWr};
 use crate::PacketBuf;
 use crate::cc::{CcKind, DcqcnParams};
 use crate::counters::DropReason;
@@ -29,6 +23,12 @@ use crate::port::{Burst, PortQueue};
 use crate::wire::packet::{Checks, parse};
 use crossbeam_channel::Sender;
 use std::collections::VecDeque;
+use transport::cq::{CompletionQueue, LatencyHistograms, WorkCompletion};
+use transport::mr::{Access, MrError, MrTable, PdHandle};
+use transport::qp::QpAttr;
+use transport::rc::{CapsError, Connect, PostError, QpCaps, QpCounters, RcQp};
+use transport::timers::TimerQueue;
+use transport::wr::{RecvWr, SendWr};
 
 /// Bits of a QPN below the owner's shard.
 pub const QPN_SHARD_SHIFT: u32 = 20;
@@ -81,7 +81,7 @@ pub enum RdmaCommand {
         access: Access,
         /// The memory, shared with the other lcores (a handle to it: dataplane's hugepage
         /// `SharedMem` on a node).
-        mem: Box<dyn super::mr::MrMemory>,
+        mem: Box<dyn transport::mr::MrMemory>,
         /// Done, or why not.
         reply: Sender<Result<(), MrError>>,
     },
@@ -393,7 +393,7 @@ pub struct HostCounters {
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
     pub handoff_drops: u64,
-    /// Its QPs now, by state (indexed as [`QpState::ALL`](super::qp::QpState::ALL)).
+    /// Its QPs now, by state (indexed as [`QpState::ALL`](transport::qp::QpState::ALL)).
     pub qp_states: [u32; 7],
     /// Its QPs under DCQCN now.
     pub dcqcn: DcqcnSummary,
@@ -574,7 +574,7 @@ pub struct QpQuery {
     /// The created CQs its send and receive completions go to (None: its own).
     pub cqs: [Option<u32>; 2],
     /// Its attributes (state, PSNs, remote QP, path, ...).
-    pub cfg: super::qp::QpConfig,
+    pub cfg: transport::qp::QpConfig,
     /// Its counters.
     pub counters: QpCounters,
     /// The port its packets leave by.
@@ -667,7 +667,7 @@ fn post_copy(qp: &mut RcQp, mrs: &MrTable, wr: &SendWr, wr_id: u64) -> Result<()
         // (Not through `inline_bytes`: its answer, 520 bytes, is copied even when empty.)
         return qp.post_send_copy(wr, wr_id, None);
     }
-    let d = super::wr::inline_bytes(mrs, wr)?;
+    let d = transport::wr::inline_bytes(mrs, wr)?;
     qp.post_send_copy(wr, wr_id, d.as_deref())
 }
 
@@ -966,7 +966,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         let before = st.done;
         slot.scq.drain_each(|c| {
             st.outstanding = st.outstanding.saturating_sub(1);
-            if c.status == super::cq::WcStatus::Success {
+            if c.status == transport::cq::WcStatus::Success {
                 st.done += 1;
             } else {
                 st.errors += 1;
@@ -991,7 +991,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             st.outstanding += 1;
             posted = true;
         }
-        let failed = slot.qp.cfg.state == super::qp::QpState::Err;
+        let failed = slot.qp.cfg.state == transport::qp::QpState::Err;
         let mut finished = None;
         if st.to_post == 0 && st.outstanding == 0 || failed {
             let st = slot.stream.take().expect("stream present");
@@ -1085,7 +1085,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         wcs.clear();
         slot.rcq.poll(usize::MAX, wcs);
         for c in wcs.iter() {
-            if c.status == super::cq::WcStatus::Success {
+            if c.status == transport::cq::WcStatus::Success {
                 let first = *st.first.get_or_insert(now);
                 let since = now.0.saturating_sub(first.0);
                 match st.window_ns {
@@ -1117,7 +1117,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             }
             st.posted += 1;
         }
-        let failed = slot.qp.cfg.state == super::qp::QpState::Err || st.errors > 0;
+        let failed = slot.qp.cfg.state == transport::qp::QpState::Err || st.errors > 0;
         if st.over(now) || failed {
             let st = slot.rstream.take().expect("receive stream present");
             let (errors, elapsed_ns) = match st.window_ns {
@@ -1178,7 +1178,7 @@ impl<B: PacketBuf> RdmaHost<B> {
         slot.scq.poll(usize::MAX, wcs);
         slot.rcq.poll(usize::MAX, wcs);
         for c in wcs.iter() {
-            if c.status != super::cq::WcStatus::Success {
+            if c.status != transport::cq::WcStatus::Success {
                 t.errors += 1;
                 if t.failure.is_none() {
                     t.failure = Some(format!(
@@ -1186,7 +1186,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                         c.status, c.opcode, c.wr_id
                     ));
                 }
-            } else if c.opcode == super::cq::WcOpcode::Recv {
+            } else if c.opcode == transport::cq::WcOpcode::Recv {
                 t.recvs_done += 1;
             } else {
                 t.sends_done += 1;
@@ -1199,7 +1199,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             if timed_out {
                 break false;
             }
-            if t.errors > 0 || slot.qp.cfg.state == super::qp::QpState::Err {
+            if t.errors > 0 || slot.qp.cfg.state == transport::qp::QpState::Err {
                 if t.failure.is_none() {
                     t.failure = Some(format!("the QP is in {:?}", slot.qp.cfg.state));
                 }
@@ -1744,8 +1744,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                 }
                 if r.is_err() {
                     // All or nothing: the ones connected go back to RESET.
-                    let reset = super::qp::QpAttr {
-                        state: Some(super::qp::QpState::Reset),
+                    let reset = transport::qp::QpAttr {
+                        state: Some(transport::qp::QpState::Reset),
                         ..Default::default()
                     };
                     for (qpn, _) in &list[..done] {
@@ -1766,12 +1766,12 @@ impl<B: PacketBuf> RdmaHost<B> {
                     s.qp.modify(&attr).map_err(|e| e.to_string())?;
                     // An RC QP's port follows its path; a UD QP's is chosen at INIT (verbs'
                     // port_num), and its datagrams leave by it whatever their destination.
-                    let ud_init = s.qp.cfg.qp_type == super::qp::QpType::Ud
-                        && attr.state == Some(super::qp::QpState::Init);
+                    let ud_init = s.qp.cfg.qp_type == transport::qp::QpType::Ud
+                        && attr.state == Some(transport::qp::QpState::Init);
                     if attr.path.is_some() || ud_init {
                         s.port = port;
                     }
-                    if s.qp.cfg.state == super::qp::QpState::Err {
+                    if s.qp.cfg.state == transport::qp::QpState::Err {
                         // Moving to ERR flushes outstanding work (ibv_modify_qp).
                         s.qp.flush(&mut s.scq);
                         s.qp.flush_recv(&mut s.rcq);
@@ -1829,7 +1829,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 let _ = reply.send(q);
             }
             RdmaCommand::PostSend { qpn, mut wr, reply } => {
-                let r = match super::wr::take_inline(&self.mrs, &mut wr) {
+                let r = match transport::wr::take_inline(&self.mrs, &mut wr) {
                     Ok(d) => self.on_qp(qpn, true, |s| {
                         s.qp.observe(now);
                         s.qp.post_send_gathered(*wr, d.as_deref())
@@ -1872,7 +1872,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err(format!("QP {qpn} is already streaming")));
                     return;
                 }
-                if slot.qp.cfg.state != super::qp::QpState::Rts {
+                if slot.qp.cfg.state != transport::qp::QpState::Rts {
                     let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
                     return;
                 }
@@ -1893,7 +1893,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             } => {
                 let Some((slots, g)) = self.start_group(
                     qps.iter().map(|q| q.0),
-                    |s| s.stream.is_none() && s.qp.cfg.state == super::qp::QpState::Rts,
+                    |s| s.stream.is_none() && s.qp.cfg.state == transport::qp::QpState::Rts,
                     "not in RTS or already streaming",
                     now,
                     reply,
@@ -1933,7 +1933,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 }
                 if !matches!(
                     slot.qp.cfg.state,
-                    super::qp::QpState::Rtr | super::qp::QpState::Rts
+                    transport::qp::QpState::Rtr | transport::qp::QpState::Rts
                 ) {
                     let _ = reply.send(Err(format!("QP {qpn} is not connected")));
                     return;
@@ -1963,7 +1963,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     |s| {
                         let connected = matches!(
                             s.qp.cfg.state,
-                            super::qp::QpState::Rtr | super::qp::QpState::Rts
+                            transport::qp::QpState::Rtr | transport::qp::QpState::Rts
                         );
                         s.rstream.is_none() && s.lat.is_none() && connected
                     },
@@ -2009,7 +2009,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                     let _ = reply.send(Err(format!("QP {qpn} is already running a test")));
                     return;
                 }
-                if slot.qp.cfg.state != super::qp::QpState::Rts {
+                if slot.qp.cfg.state != transport::qp::QpState::Rts {
                     let _ = reply.send(Err(format!("QP {qpn} is not in RTS")));
                     return;
                 }
@@ -2057,8 +2057,8 @@ impl<B: PacketBuf> RdmaHost<B> {
                     if s.stream.is_none() && s.rstream.is_none() && s.lat.is_none() {
                         continue;
                     }
-                    let err = super::qp::QpAttr {
-                        state: Some(super::qp::QpState::Err),
+                    let err = transport::qp::QpAttr {
+                        state: Some(transport::qp::QpState::Err),
                         ..Default::default()
                     };
                     if s.qp.modify(&err).is_ok() {
@@ -2080,7 +2080,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 let mut dcqcn = DcqcnSummary::default();
                 for s in self.slots.iter().flatten() {
                     let st = s.qp.cfg.state;
-                    if let Some(k) = super::qp::QpState::ALL.iter().position(|x| *x == st) {
+                    if let Some(k) = transport::qp::QpState::ALL.iter().position(|x| *x == st) {
                         qp_states[k] += 1;
                     }
                     if let crate::cc::Cc::Dcqcn(d) = s.qp.cc() {
@@ -2276,7 +2276,7 @@ impl Asker for [&HostControl; 2] {
 pub fn connect_pair(
     a: &HostControl,
     b: &HostControl,
-    mtu: super::qp::Mtu,
+    mtu: transport::qp::Mtu,
     cc: CcKind,
 ) -> Result<Pair, String> {
     connect_pair_with(&mut [a, b], mtu, cc)
@@ -2285,10 +2285,10 @@ pub fn connect_pair(
 /// [`connect_pair`] through any [`Asker`] (host 0 is A, host 1 is B).
 pub fn connect_pair_with(
     x: &mut impl Asker,
-    mtu: super::qp::Mtu,
+    mtu: transport::qp::Mtu,
     cc: CcKind,
 ) -> Result<Pair, String> {
-    use super::qp::Path;
+    use transport::qp::Path;
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut keys = [0u32; 2];
@@ -2332,9 +2332,9 @@ pub fn connect_pair_with(
 /// gives): registers a 4 MiB region on each, connects an RC QP pair at `mtu`, and moves a
 /// 1 MiB WRITE, a 256 KiB READ, a SEND with immediate and a fetch-and-add, checking every
 /// byte; then destroys the QPs. Err names the first thing that went wrong.
-pub fn pair_check(a: &HostControl, b: &HostControl, mtu: super::qp::Mtu) -> Result<(), String> {
-    use super::cq::{WcOpcode, WcStatus};
-    use super::wr::{SendOp, SgList, Sge};
+pub fn pair_check(a: &HostControl, b: &HostControl, mtu: transport::qp::Mtu) -> Result<(), String> {
+    use transport::cq::{WcOpcode, WcStatus};
+    use transport::wr::{SendOp, SgList, Sge};
     const VA: u64 = PAIR_VA;
     let Pair { ka, kb, qpa, qpb } = connect_pair(a, b, mtu, CcKind::Dcqcn)?;
     let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -2443,10 +2443,10 @@ mod tests {
     use crate::lcore::{Command, LcoreId, StdClock, Worker};
     use crate::port::PortInfo;
     use crate::port::mem::link;
-    use crate::transport::qp::Mtu;
-    use crate::transport::wr::SendOp;
     use crossbeam_channel::unbounded;
     use std::sync::Arc;
+    use transport::qp::Mtu;
+    use transport::wr::SendOp;
 
     fn info(i: u16) -> PortInfo {
         PortInfo::virtual_port(i, 9000)
@@ -2540,7 +2540,7 @@ mod tests {
                     remote_addr: PAIR_VA,
                     rkey: old.kb,
                 },
-                crate::transport::wr::Sge::list(PAIR_VA, 4096, old.ka),
+                transport::wr::Sge::list(PAIR_VA, 4096, old.ka),
             );
             ask(&a, |reply| RdmaCommand::PostSend {
                 qpn: old.qpa,
@@ -2610,7 +2610,7 @@ mod tests {
                 remote_addr: PAIR_VA,
                 rkey: pair.kb,
             },
-            crate::transport::wr::Sge::list(PAIR_VA, 4096, pair.ka),
+            transport::wr::Sge::list(PAIR_VA, 4096, pair.ka),
         );
         let r_wr = wr;
         let r = ask(a, |reply| RdmaCommand::Stream {
@@ -2646,7 +2646,7 @@ mod tests {
                 remote_addr: PAIR_VA,
                 rkey: pair.kb,
             },
-            crate::transport::wr::Sge::list(PAIR_VA, 8, pair.ka),
+            transport::wr::Sge::list(PAIR_VA, 8, pair.ka),
         );
         let r = ask(a, |reply| RdmaCommand::Latency {
             qpn: pair.qpa,
@@ -2683,7 +2683,7 @@ mod tests {
         let q = plain_qp(b);
         assert_eq!(shard_of(q), 1);
         // Wrong input gets an answer, not a panic.
-        let wr = SendWr::new(9, SendOp::Send, super::super::wr::SgList::new());
+        let wr = SendWr::new(9, SendOp::Send, transport::wr::SgList::new());
         let r = ask(a, |reply| RdmaCommand::PostSend {
             qpn: 0x77,
             wr: Box::new(wr),

@@ -1,12 +1,12 @@
 //! Two RC QPs joined by the simulator, on a clean network: every opcode, data checked.
 
 use super::*;
-use crate::sim::{Faults, LinkConfig, NodeId, SimNet};
-use crate::time::Instant;
-use crate::transport::mr::Access;
-use crate::transport::qp::{Mtu, Path};
-use crate::transport::wr::{SgList, Sge};
+use crate::mr::Access;
+use crate::qp::{Mtu, Path};
+use crate::wr::{SgList, Sge};
 use core::time::Duration;
+use netsim::{Faults, LinkConfig, NodeId, SimNet};
+use wire::time::Instant;
 
 struct Node {
     qp: RcQp,
@@ -700,7 +700,7 @@ fn forge(
     template: &[u8],
     opcode: u8,
     psn: u32,
-    reth: Option<crate::wire::reth::Repr>,
+    reth: Option<wire::reth::Repr>,
     aeth: Option<aeth::Repr>,
     payload: &[u8],
 ) -> Vec<u8> {
@@ -750,7 +750,7 @@ type Packets = &'static [(u8, usize)];
 
 #[test]
 fn a_request_from_another_source_than_the_qps_remote_is_dropped_and_counted() {
-    use crate::wire::reth;
+    use wire::reth;
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     let w = write_wr(&a, &b, 1, 64);
     let t = first_frame(&mut a, w);
@@ -790,7 +790,7 @@ fn a_request_from_another_source_than_the_qps_remote_is_dropped_and_counted() {
 
 #[test]
 fn a_multi_packet_write_is_held_to_its_reth_length() {
-    use crate::wire::reth;
+    use wire::reth;
     const NAK_INVALID: u8 = 0x61;
     let k = |dma_len: u32, b: &Node| {
         Some(reth::Repr {
@@ -920,7 +920,7 @@ fn a_send_longer_than_its_receive_is_a_length_error_and_writes_nothing_past_it()
 
 #[test]
 fn read_responses_are_held_to_the_reads_length() {
-    use crate::wire::opcode::op;
+    use wire::opcode::op;
     let ack = Some(aeth::Repr {
         syndrome: Syndrome::Ack { credits: 31 },
         msn: 1,
@@ -967,7 +967,7 @@ fn read_responses_are_held_to_the_reads_length() {
             .iter()
             .enumerate()
             .map(|(j, &(opc, n))| {
-                let e = crate::wire::opcode::lookup(opc)
+                let e = wire::opcode::lookup(opc)
                     .has(mask::AETH)
                     .then_some(ack)
                     .flatten();
@@ -1657,7 +1657,7 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
     a.qp.post_send(write_wr(&a, &peer, 1, 100)).unwrap();
     let mut f = Vec::new();
     assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
-    assert!(crate::sim::mark_ce(&mut f));
+    assert!(netsim::mark_ce(&mut f));
     peer.qp
         .handle_frame(Instant(1), &f, &mut peer.mrs, &mut peer.scq, &mut peer.rcq);
     while peer.qp.poll_transmit(
@@ -1699,7 +1699,7 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
 
 #[test]
 fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
-    use crate::transport::qp::QpAttr;
+    use crate::qp::QpAttr;
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     a.qp.post_send(write_wr(&a, &b, 1, 3000)).unwrap();
     a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
@@ -1742,7 +1742,7 @@ fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
 
 #[test]
 fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
-    use crate::buf::HeapBuf;
+    use wire::buf::HeapBuf;
     let (mut a1, b) = pair(Mtu::M1024, 5, 0);
     let (mut a2, _) = pair(Mtu::M1024, 5, 0);
     for a in [&mut a1, &mut a2] {
@@ -1772,7 +1772,7 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     a3.qp.post_send(write_wr(&a3, &b, 1, 4096)).unwrap();
     struct Small(HeapBuf);
     impl PacketBuf for Small {
-        crate::buf::delegate_heap_buf!();
+        wire::buf::delegate_heap_buf!();
         fn append(&mut self, len: usize) -> Option<&mut [u8]> {
             // A 2 KiB data room, like a small mbuf.
             (self.0.len() + len <= 2048).then(|| self.0.append(len))?
@@ -1823,7 +1823,7 @@ fn ud_node(qpn: u32, me: u8) -> Node {
 
 fn ud_send(from: &Node, id: u64, at: u64, len: u32, dest_qp: u32, qkey: u32) -> SendWr {
     SendWr {
-        ud: Some(crate::transport::wr::UdDest {
+        ud: Some(crate::wr::UdDest {
             path: Path::sim(1, 2, 0xd078),
             dest_qp,
             qkey,
@@ -1940,7 +1940,7 @@ fn ud_posts_are_checked() {
     let mut q = a.qp;
     let e = |r: Result<(), PostError>| r.unwrap_err().to_string();
     let to_b = |wr: SendWr| SendWr {
-        ud: Some(crate::transport::wr::UdDest {
+        ud: Some(crate::wr::UdDest {
             path: Path::sim(1, 2, 0xd078),
             dest_qp: 0x24,
             qkey: QKEY,

@@ -8,7 +8,7 @@
 //! except at the lowest rates). Entries are kept in intrusive doubly-linked lists in arrays
 //! indexed by key (a dense QP index), so insert, cancel and expiry allocate nothing.
 
-use crate::time::Instant;
+use wire::time::Instant;
 
 const NIL: u32 = u32::MAX;
 
@@ -140,7 +140,7 @@ impl PacingWheel {
                     self.cancel(k);
                     if nk != NIL {
                         // The next pop looks at it: start loading it now.
-                        crate::hint::prefetch(&self.e[nk as usize]);
+                        wire::hint::prefetch(&self.e[nk as usize]);
                     }
                     return Some(k);
                 }
@@ -157,7 +157,7 @@ impl PacingWheel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::SplitMix64;
+    use netsim::SplitMix64;
 
     #[test]
     fn keys_come_out_when_due_and_not_before() {

@@ -4,10 +4,10 @@
 //! they outnumber the live ones. One lcore holds 100k QPs with a few timers each: every
 //! operation is O(log n), and `next_deadline` is what the lcore sleeps (polls) until.
 
-use crate::time::Instant;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
+use wire::time::Instant;
 
 /// Timers keyed by `K` (for example (QP number, timer kind)); one deadline per key.
 #[derive(Debug)]

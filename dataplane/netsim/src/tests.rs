@@ -1,8 +1,8 @@
 use super::*;
-use crate::PacketBuf;
-use crate::buf::HeapBuf;
-use crate::wire::packet::{Checks, ExtRepr, IpRepr, RoceRepr, build, parse};
-use crate::wire::{Psn, bth, eth, ipv4::Ecn, opcode::op, udp};
+use wire::PacketBuf;
+use wire::buf::HeapBuf;
+use wire::packet::{Checks, ExtRepr, IpRepr, RoceRepr, build, parse};
+use wire::{Psn, bth, eth, ipv4, ipv4::Ecn, opcode::op, udp};
 
 const A: NodeId = NodeId(0);
 const B: NodeId = NodeId(1);

@@ -17,11 +17,11 @@ use super::mr::{Access, MrTable};
 use super::qp::{Mtu, Path, QpState};
 use super::rc::{Connect, QpCaps, RcQp};
 use super::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
-use crate::time::Instant;
-use crate::wire::aeth::{self, Syndrome};
-use crate::wire::packet::{Checks, ExtRepr, RoceRepr, parse};
-use crate::wire::{atomic_eth, reth};
 use std::collections::{HashMap, VecDeque};
+use wire::aeth::{self, Syndrome};
+use wire::packet::{Checks, ExtRepr, RoceRepr, parse};
+use wire::time::Instant;
+use wire::{atomic_eth, reth};
 
 const BASE: u64 = 0x10_0000;
 const LEN: usize = 64 << 10;
@@ -467,7 +467,7 @@ mod tests {
 
     /// The byte strings the tests feed: the simulator's seeded generator.
     fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut r = crate::sim::SplitMix64::new(seed);
+        let mut r = netsim::SplitMix64::new(seed);
         (0..n).map(|_| r.next_u64() as u8).collect()
     }
 

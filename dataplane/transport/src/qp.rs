@@ -8,8 +8,8 @@
 //! names its destination ([`super::wr::UdDest`]).
 
 use super::mr::Access;
-use crate::wire::Psn;
 use core::net::IpAddr;
+use wire::Psn;
 
 /// QP states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -8,8 +8,8 @@
 pub mod dcqcn;
 pub mod wheel;
 
-use crate::time::Instant;
 pub use dcqcn::{Dcqcn, DcqcnParams};
+use wire::time::Instant;
 
 /// Which algorithm, as configured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

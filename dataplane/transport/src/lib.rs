@@ -7,18 +7,21 @@
 //! ([`mr`]), completion queues that go to error on overflow as hardware does ([`cq`]), the QP
 //! state machine with the attributes each transition needs ([`qp`]), work requests and their
 //! segmentation ([`wr`]), the responder's check chain ([`resp_check`]), per-QP deadlines
-//! ([`timers`]). The engine: [`rc::RcQp`]. On an lcore: [`host::RdmaHost`] runs this lcore's
-//! QPs as a handler of the poll loop. [`soak`]: the randomized soak against a reference model; [`ops`]: arbitrary operation
-//! sequences against two QPs (the engine's fuzz target).
+//! ([`timers`]). The engine: [`rc::RcQp`]; its congestion control: [`cc`] (DCQCN).
+//! [`ops`]: arbitrary operation sequences against two QPs (the engine's fuzz target).
+//!
+//! This crate depends on `wire` alone (and small pure crates): the compiler keeps DPDK, ports,
+//! lcores and clocks out (ARCHITECTURE.md). On an lcore, `dataplane::host::RdmaHost` runs a
+//! shard of QPs as a handler of the poll loop; the soak and incast runs drive it through the
+//! simulator (`netsim`).
 #![forbid(unsafe_code)]
 
+pub mod cc;
 pub mod cq;
-pub mod host;
 pub mod mr;
 pub mod ops;
 pub mod qp;
 pub mod rc;
 pub mod resp_check;
-pub mod soak;
 pub mod timers;
 pub mod wr;

@@ -16,16 +16,16 @@
 //!
 //! `SOAK_TRACE=1` prints every work request posted and every frame delivered (to stderr).
 
-use super::cq::{CompletionQueue, WcOpcode, WcStatus};
-use super::mr::{Access, MrTable, PdHandle};
-use super::qp::{Mtu, Path, QpAttr, QpState};
-use super::rc::{Connect, QpCaps, RcQp};
-use super::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 use crate::sim::{Faults, LinkConfig, NodeId, SimNet, SplitMix64};
 use crate::time::Instant;
 use crate::wire::packet::{Checks, parse};
 use core::time::Duration;
 use std::collections::VecDeque;
+use transport::cq::{CompletionQueue, WcOpcode, WcStatus};
+use transport::mr::{Access, MrTable, PdHandle};
+use transport::qp::{Mtu, Path, QpAttr, QpState};
+use transport::rc::{Connect, QpCaps, RcQp};
+use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 
 /// What to run.
 #[derive(Clone, Copy, Debug)]
