@@ -87,7 +87,7 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
             ud: None,
         };
         let s = Instant::now();
-        a.qp.post_send(wr).unwrap();
+        a.qp.post_send(&wr, wr.wr_id, None).unwrap();
         assert!(a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut a.rcq, &mut frame));
         t[0] += s.elapsed();
         let s = Instant::now();

@@ -18,10 +18,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dataplane::cc::{CcKind, DcqcnParams};
-use dataplane::host::LatKind;
 use dataplane::port::impair::{CongestionPoint, Direction, ImpairHandle, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
+use dataplane::transport::perftest::LatKind;
 use dataplane::transport::qp::{Mtu, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, SgList, Sge, UdDest};
@@ -699,7 +699,7 @@ async fn qp_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     )
 }
 
-fn qp_json(lcore: usize, q: &dataplane::host::QpQuery, qpn: u32) -> Value {
+fn qp_json(lcore: usize, q: &dataplane::transport::device::QpQuery, qpn: u32) -> Value {
     let c = &q.cfg;
     let counters: serde_json::Map<String, Value> = q
         .counters
@@ -731,14 +731,8 @@ fn qp_json(lcore: usize, q: &dataplane::host::QpQuery, qpn: u32) -> Value {
 
 async fn qp_list(State(s): State<Arc<ApiState>>) -> Reply {
     let v = blocking(move || {
-        let mut v = Vec::new();
-        for qpn in s.rdma.qpns() {
-            // A QP destroyed meanwhile is simply not listed.
-            if let Ok((l, q)) = s.rdma.query_qp(qpn) {
-                v.push(qp_json(l, &q, qpn));
-            }
-        }
-        Ok(v)
+        let qps = s.rdma.list_qps()?;
+        Ok(qps.iter().map(|(qpn, l, q)| qp_json(*l, q, *qpn)).collect())
     })
     .await?;
     ok(Value::Array(v))
@@ -1497,7 +1491,7 @@ impl RecvStreamBody {
     }
 }
 
-fn stream_result(r: dataplane::host::StreamResult) -> Reply {
+fn stream_result(r: dataplane::transport::perftest::StreamResult) -> Reply {
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
         json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,

@@ -9,15 +9,15 @@
 use crossbeam_channel::{Sender, bounded};
 use dataplane::appliance::ApplianceCommand;
 use dataplane::cc::{CcKind, DcqcnParams};
-use dataplane::host::{
-    CqState, HostCounters, LatKind, LatResult, QpQuery, RdmaCommand, StreamResult, shard_of,
-};
+use dataplane::host::{HostCounters, RdmaCommand, Shard, shard_of};
 use dataplane::lcore::Command;
 use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
+use dataplane::transport::device::{CqState, QpQuery};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
+use dataplane::transport::perftest::{LatKind, LatResult, Reply, StreamResult};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::{Connect, QpCaps};
 use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
@@ -453,14 +453,17 @@ impl Rdma {
         self.resolved.notify_all();
     }
 
-    fn ask<T>(
+    /// Runs `f` (one verb) on `lcore`'s shard and waits for its answer.
+    fn ask<T: Send + 'static>(
         &self,
         lcore: usize,
-        make: impl FnOnce(Sender<T>) -> RdmaCommand,
+        f: impl FnOnce(&mut Shard, dataplane::Instant) -> T + Send + 'static,
     ) -> Result<T, ApiError> {
         let (tx, rx) = bounded(1);
         self.lcores[lcore]
-            .send(Command::Handler(ApplianceCommand::Rdma(make(tx))))
+            .send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::call(
+                tx, f,
+            ))))
             .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
         rx.recv_timeout(LCORE_TIMEOUT).map_err(|_| {
             ApiError::internal(
@@ -483,7 +486,7 @@ impl Rdma {
         }
         let pd = mrs.table.alloc_pd().0;
         for l in 0..self.lcores.len() {
-            self.ask(l, |reply| RdmaCommand::AllocPd { pd, reply })?;
+            self.ask(l, move |h, _| h.dev.alloc_pd(pd))?;
         }
         mrs.pds.insert(pd);
         Ok(PdInfo {
@@ -539,7 +542,7 @@ impl Rdma {
         mrs.pds.remove(&pdn);
         for l in 0..self.lcores.len() {
             // Nothing of this PD is left anywhere (checked above), so no lcore refuses.
-            let _ = self.ask(l, |reply| RdmaCommand::DeallocPd { pd: pdn, reply })?;
+            let _ = self.ask(l, move |h, _| h.dev.dealloc_pd(pdn))?;
         }
         Ok(())
     }
@@ -580,8 +583,8 @@ impl Rdma {
             ));
         }
         let cqn = self
-            .ask(lcore, |reply| RdmaCommand::CreateCq { cqe, reply })?
-            .map_err(|e| ApiError::conflict("too_many", e))?;
+            .ask(lcore, move |h, _| h.dev.create_cq(cqe))?
+            .map_err(|e| ApiError::conflict("too_many", e.to_string()))?;
         cqs.insert(cqn, (lcore, cqe));
         Ok(CqInfo {
             cqn,
@@ -628,7 +631,7 @@ impl Rdma {
         let deadline = Instant::now() + wait;
         loop {
             let (wcs, st): (Vec<WorkCompletion>, CqState) = self
-                .ask(l, |reply| RdmaCommand::PollCqn { cqn, max, reply })?
+                .ask(l, move |h, _| h.dev.poll_cqn(cqn, max))?
                 .ok_or_else(|| ApiError::not_found(format!("no CQ {cqn}")))?;
             if !wcs.is_empty() || max == 0 || Instant::now() >= deadline {
                 let info = CqInfo {
@@ -655,7 +658,7 @@ impl Rdma {
             .get(&cqn)
             .map(|c| c.0)
             .ok_or_else(|| ApiError::not_found(format!("no CQ {cqn}")))?;
-        self.ask(l, |reply| RdmaCommand::DestroyCq { cqn, reply })?
+        self.ask(l, move |h, _| h.dev.destroy_cq(cqn))?
             .map_err(|e| ApiError::conflict("cq_busy", format!("{e}: destroy those QPs first")))?;
         cqs.remove(&cqn);
         Ok(())
@@ -694,18 +697,14 @@ impl Rdma {
         let mut done = Vec::new();
         for l in 0..self.lcores.len() {
             let r = self
-                .ask(l, |reply| RdmaCommand::RegShared {
-                    key,
-                    pd: pd.0,
-                    va,
-                    access,
-                    mem: Box::new(mem.clone()),
-                    reply,
+                .ask(l, {
+                    let mem = Box::new(mem.clone());
+                    move |h, _| h.dev.reg_shared(key, pd.0, va, access, mem)
                 })
                 .and_then(|r| r.map_err(mr_error));
             if let Err(err) = r {
                 for d in done {
-                    let _ = self.ask(d, |reply| RdmaCommand::DeregMr { key, reply });
+                    let _ = self.ask(d, move |h, _| h.dev.dereg_mr(key));
                 }
                 let _ = mrs.table.deregister(key);
                 return Err(err);
@@ -750,7 +749,7 @@ impl Rdma {
         }
         for l in 0..self.lcores.len() {
             // An lcore that lost the region already is fine: the goal is that none has it.
-            let _ = self.ask(l, |reply| RdmaCommand::DeregMr { key, reply })?;
+            let _ = self.ask(l, move |h, _| h.dev.dereg_mr(key))?;
         }
         let _ = mrs.table.deregister(key);
         mrs.meta.remove(&key);
@@ -862,15 +861,10 @@ impl Rdma {
             None => self.pick_lcore(lcore, &qps)?,
         };
         let qpn = self
-            .ask(lcore, |reply| RdmaCommand::CreateQp {
-                caps,
-                pd: Some(pd),
-                cqs: opts.cqs,
-                cc,
-                params,
-                reply,
+            .ask(lcore, move |h, _| {
+                h.dev.create_qp(caps, Some(pd), opts.cqs, cc, params)
             })?
-            .map_err(|e| ApiError::bad("bad_caps", e))?;
+            .map_err(|e| ApiError::bad("bad_caps", e.to_string()))?;
         let psn = random_psn();
         qps.insert(
             qpn,
@@ -916,19 +910,13 @@ impl Rdma {
         while made.len() < count {
             let n = (count - made.len()).min(BULK_CHUNK);
             let r = self
-                .ask(lcore, |reply| RdmaCommand::CreateQps {
-                    count: n,
-                    caps,
-                    cc,
-                    params,
-                    reply,
-                })
-                .and_then(|r| r.map_err(|e| ApiError::bad("bad_caps", e)));
+                .ask(lcore, move |h, _| h.dev.create_qps(n, caps, cc, params))
+                .and_then(|r| r.map_err(|e| ApiError::bad("bad_caps", e.to_string())));
             match r {
                 Ok(q) => made.extend(q),
                 Err(e) => {
                     for &q in &made {
-                        let _ = self.ask(lcore, |reply| RdmaCommand::DestroyQp { qpn: q, reply });
+                        let _ = self.ask(lcore, move |h, _| h.dev.destroy_qp(q));
                     }
                     return Err(e);
                 }
@@ -980,24 +968,20 @@ impl Rdma {
             for chunk in all.chunks(BULK_CHUNK) {
                 let qpns: Vec<u32> = chunk.iter().map(|c| c.0).collect();
                 let r = self
-                    .ask(l, |reply| RdmaCommand::ConnectMany {
-                        list: chunk.to_vec(),
-                        port,
-                        reply,
+                    .ask(l, {
+                        let list = chunk.to_vec();
+                        move |h, _| h.dev.connect_many(&list, port)
                     })
-                    .and_then(|r| r.map_err(|e| ApiError::conflict("bad_state", e)));
+                    .and_then(|r| r.map_err(|e| ApiError::conflict("bad_state", e.to_string())));
                 if let Err(e) = r {
                     for (l, qs) in &done {
                         for q in qs {
-                            let _ = self.ask(*l, |reply| RdmaCommand::Modify {
-                                qpn: *q,
-                                attr: Box::new(QpAttr {
-                                    state: Some(QpState::Reset),
-                                    ..Default::default()
-                                }),
-                                port,
-                                reply,
-                            });
+                            let reset = QpAttr {
+                                state: Some(QpState::Reset),
+                                ..Default::default()
+                            };
+                            let q = *q;
+                            let _ = self.ask(*l, move |h, _| h.dev.modify(q, &reset, port));
                         }
                     }
                     return Err(e);
@@ -1018,10 +1002,8 @@ impl Rdma {
         }
         for (l, all) in by_lcore {
             for chunk in all.chunks(BULK_CHUNK) {
-                self.ask(l, |reply| RdmaCommand::DestroyMany {
-                    qpns: chunk.to_vec(),
-                    reply,
-                })?;
+                let qs = chunk.to_vec();
+                self.ask(l, move |h, _| h.dev.destroy_qps(&qs))?;
                 for q in chunk {
                     t.remove(q);
                 }
@@ -1030,7 +1012,7 @@ impl Rdma {
         Ok(())
     }
 
-    /// Streams on several QPs of one lcore at once (see `RdmaCommand::Streams`).
+    /// Streams on several QPs of one lcore at once (see `Tests::streams`).
     pub fn streams(
         &self,
         qps: Vec<(u32, SendWr)>,
@@ -1041,12 +1023,9 @@ impl Rdma {
     ) -> Result<StreamResult, ApiError> {
         let first = self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(first, "stream", codes, wait, |reply| RdmaCommand::Streams {
-            qps,
-            count,
-            depth,
-            duration,
-            reply,
+        self.run_test(first, "stream", codes, wait, move |h, now, reply| {
+            let shape = (count, depth, duration);
+            h.tests.streams(&mut h.dev, now, qps, shape, reply)
         })
     }
 
@@ -1076,7 +1055,7 @@ impl Rdma {
         self.qps.lock().expect("qp table").keys().copied().collect()
     }
 
-    /// Changes a QP's congestion control (see `RdmaCommand::SetCc`).
+    /// Changes a QP's congestion control (see `Device::set_cc`).
     pub fn set_cc(
         &self,
         qpn: u32,
@@ -1084,20 +1063,15 @@ impl Rdma {
         params: DcqcnParams,
     ) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
-        self.ask(l, |reply| RdmaCommand::SetCc {
-            qpn,
-            kind,
-            params,
-            reply,
-        })?
-        .map_err(ApiError::not_found)
+        self.ask(l, move |h, _| h.dev.set_cc(qpn, kind, params))?
+            .map_err(|e| ApiError::not_found(e.to_string()))
     }
 
     /// A QP's attributes and counters.
     pub fn query_qp(&self, qpn: u32) -> Result<(usize, QpQuery), ApiError> {
         let l = self.lcore_of(qpn)?;
         let mut q = self
-            .ask(l, |reply| RdmaCommand::Query { qpn, reply })?
+            .ask(l, move |h, now| h.dev.query(qpn, now))?
             .ok_or_else(|| ApiError::not_found(format!("no QP {qpn}")))?;
         if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             // Before RTS its send PSN is the one it will start with unless told another.
@@ -1106,13 +1080,34 @@ impl Rdma {
         Ok((l, q))
     }
 
+    /// Every QP's lcore, attributes and counters, in QPN order: one round trip per lcore
+    /// (not per QP: a node holds up to [`MAX_QPS`]).
+    pub fn list_qps(&self) -> Result<Vec<(u32, usize, QpQuery)>, ApiError> {
+        let mut all = Vec::new();
+        for l in 0..self.lcores.len() {
+            let qs = self.ask(l, |h, now| h.dev.query_all(now))?;
+            all.extend(qs.into_iter().map(|(qpn, q)| (qpn, l, q)));
+        }
+        let t = self.qps.lock().expect("qp table");
+        // Only QPs the node knows (one being created is not listed until it is).
+        all.retain(|(qpn, _, _)| t.contains_key(qpn));
+        for (qpn, _, q) in all.iter_mut() {
+            if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                // As in `query_qp`: before RTS its send PSN is the one it will start with.
+                q.cfg.sq_psn = Psn::new(t[qpn].psn);
+            }
+        }
+        all.sort_by_key(|(qpn, _, _)| *qpn);
+        Ok(all)
+    }
+
     /// Destroys a QP.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), ApiError> {
         // As for CQs: the table is locked from the look-up until the entry is gone, so a
         // create that reuses the freed number is never unlinked.
         let mut qps = self.qps.lock().expect("qp table");
         let l = meta(&qps, qpn)?.lcore;
-        self.ask(l, |reply| RdmaCommand::DestroyQp { qpn, reply })?;
+        self.ask(l, move |h, _| h.dev.destroy_qp(qpn))?;
         qps.remove(&qpn);
         Ok(())
     }
@@ -1242,13 +1237,8 @@ impl Rdma {
         }
         let (path, port) = self.path_for(qpn, r)?;
         let c = connect_of(path, r, self.psns(qpn, r)?);
-        self.ask(l, |reply| RdmaCommand::Connect {
-            qpn,
-            c: Box::new(c),
-            port,
-            reply,
-        })?
-        .map_err(|e| ApiError::conflict("bad_state", e))
+        self.ask(l, move |h, _| h.dev.connect(qpn, &c, port))?
+            .map_err(|e| ApiError::conflict("bad_state", e.to_string()))
     }
 
     /// A QP's type (RC or UD).
@@ -1345,13 +1335,8 @@ impl Rdma {
         } else {
             self.rc_attr(qpn, state, r, &mut attr, &mut port)?;
         }
-        self.ask(l, |reply| RdmaCommand::Modify {
-            qpn,
-            attr: Box::new(attr),
-            port,
-            reply,
-        })?
-        .map_err(|e| ApiError::conflict("bad_state", e))
+        self.ask(l, move |h, _| h.dev.modify(qpn, &attr, port))?
+            .map_err(|e| ApiError::conflict("bad_state", e.to_string()))
     }
 
     /// An RC QP's attributes for the transition to `state` (see [`Rdma::modify_qp`]).
@@ -1393,23 +1378,15 @@ impl Rdma {
     /// Posts a send work request.
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
-        self.ask(l, |reply| RdmaCommand::PostSend {
-            qpn,
-            wr: Box::new(wr),
-            reply,
-        })?
-        .map_err(|e| ApiError::conflict("post_refused", e))
+        self.ask(l, move |h, now| h.dev.post_send(qpn, wr, now))?
+            .map_err(|e| ApiError::conflict("post_refused", e.to_string()))
     }
 
     /// Posts a receive work request.
     pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), ApiError> {
         let l = self.lcore_of(qpn)?;
-        self.ask(l, |reply| RdmaCommand::PostRecv {
-            qpn,
-            wr: Box::new(wr),
-            reply,
-        })?
-        .map_err(|e| ApiError::conflict("post_refused", e))
+        self.ask(l, move |h, _| h.dev.post_recv(qpn, wr))?
+            .map_err(|e| ApiError::conflict("post_refused", e.to_string()))
     }
 
     /// Takes up to `max` completions of each kind from a QP's own CQs, waiting up to `wait`
@@ -1436,7 +1413,7 @@ impl Rdma {
         let l = meta.lcore;
         let deadline = Instant::now() + wait;
         loop {
-            let (s, r) = self.ask(l, |reply| RdmaCommand::PollCq { qpn, max, reply })?;
+            let (s, r) = self.ask(l, move |h, _| h.dev.poll_cq(qpn, max))?;
             if !s.is_empty() || !r.is_empty() || Instant::now() >= deadline {
                 return Ok((s, r));
             }
@@ -1454,20 +1431,15 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
-        let wr = Box::new(wr);
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(qpn, "stream", codes, wait, |reply| RdmaCommand::Stream {
-            qpn,
-            wr,
-            count,
-            depth,
-            duration,
-            reply,
+        self.run_test(qpn, "stream", codes, wait, move |h, now, reply| {
+            let shape = (count, depth, duration);
+            h.tests.stream(&mut h.dev, now, qpn, wr, shape, reply)
         })
     }
 
     /// Receives `count` messages on the QP's lcore, `posted` receives of `recv` already
-    /// there, or counts arrivals for `duration` (see `RdmaCommand::RecvStream`); waits up
+    /// there, or counts arrivals for `duration` (see `Tests::recv_stream`); waits up
     /// to `wait`.
     pub fn recv_stream(
         &self,
@@ -1478,21 +1450,15 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
-        let recv = Box::new(recv);
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(qpn, "receive stream", codes, wait, |reply| {
-            RdmaCommand::RecvStream {
-                qpn,
-                recv,
-                count,
-                posted,
-                duration,
-                reply,
-            }
+        self.run_test(qpn, "receive stream", codes, wait, move |h, now, reply| {
+            let shape = (count, posted, duration);
+            h.tests
+                .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
         })
     }
 
-    /// Receive streams on several QPs of one lcore at once (see `RdmaCommand::RecvStreams`).
+    /// Receive streams on several QPs of one lcore at once (see `Tests::recv_streams`).
     pub fn recv_streams(
         &self,
         qpns: Vec<u32>,
@@ -1503,21 +1469,21 @@ impl Rdma {
         wait: Duration,
     ) -> Result<StreamResult, ApiError> {
         let first = self.one_lcore(qpns.iter().copied(), "receive stream")?;
-        let recv = Box::new(recv);
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(first, "receive stream", codes, wait, |reply| {
-            RdmaCommand::RecvStreams {
-                qpns,
-                recv,
-                count,
-                posted,
-                duration,
-                reply,
-            }
-        })
+        self.run_test(
+            first,
+            "receive stream",
+            codes,
+            wait,
+            move |h, now, reply| {
+                let shape = (count, posted, duration);
+                h.tests
+                    .recv_streams(&mut h.dev, now, qpns, recv, shape, reply)
+            },
+        )
     }
 
-    /// Runs one of perftest's latency tests on the QP's lcore (see `RdmaCommand::Latency`):
+    /// Runs one of perftest's latency tests on the QP's lcore (see `Tests::latency`):
     /// `iters` iterations or, with a `duration`, that long; waits up to `wait` for it.
     #[allow(clippy::too_many_arguments)]
     pub fn latency_test(
@@ -1530,39 +1496,34 @@ impl Rdma {
         server: bool,
         wait: Duration,
     ) -> Result<LatResult, ApiError> {
-        let (kind, wr) = (Box::new(kind), Box::new(wr));
         let codes = ("test_refused", "test_ended");
-        self.run_test(qpn, "latency test", codes, wait, |reply| {
-            RdmaCommand::Latency {
-                qpn,
-                kind,
-                wr,
-                iters,
-                duration,
-                server,
-                reply,
-            }
+        self.run_test(qpn, "latency test", codes, wait, move |h, now, reply| {
+            let test = (kind, wr, server);
+            h.tests
+                .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
         })
     }
 
     /// Hands a test (`make` builds its command around the reply channel) to the QP's lcore
     /// and waits up to `wait` for its result; `what` names it in errors, `codes` are the
     /// error codes for a refused test and for one whose QP went away.
-    fn run_test<T>(
+    fn run_test<T: Send + 'static>(
         &self,
         qpn: u32,
         what: &str,
         codes: (&'static str, &'static str),
         wait: Duration,
-        make: impl FnOnce(Sender<Result<T, String>>) -> RdmaCommand,
+        f: impl FnOnce(&mut Shard, dataplane::Instant, Reply<T>) + Send + 'static,
     ) -> Result<T, ApiError> {
         let l = self.lcore_of(qpn)?;
         let (tx, rx) = bounded(1);
         self.lcores[l]
-            .send(Command::Handler(ApplianceCommand::Rdma(make(tx))))
+            .send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::test(
+                tx, f,
+            ))))
             .map_err(|_| ApiError::internal("lcore_unavailable", "the lcore has stopped"))?;
         match rx.recv_timeout(wait) {
-            Ok(r) => r.map_err(|e| ApiError::conflict(codes.0, e)),
+            Ok(r) => r.map_err(|e| ApiError::conflict(codes.0, e.to_string())),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ApiError::internal(
                 "timeout",
                 format!("the {what} did not finish in {wait:?}"),
@@ -1579,14 +1540,14 @@ impl Rdma {
     pub fn latency(&self) -> Result<LatencyHistograms, ApiError> {
         let mut all = LatencyHistograms::default();
         for l in 0..self.lcores.len() {
-            all.add(&self.ask(l, |reply| RdmaCommand::Latencies { reply })?);
+            all.add(&self.ask(l, |h, _| h.dev.latencies())?);
         }
         Ok(all)
     }
 
     pub fn counters(&self) -> Result<Vec<HostCounters>, ApiError> {
         (0..self.lcores.len())
-            .map(|l| self.ask(l, |reply| RdmaCommand::Counters { reply }))
+            .map(|l| self.ask(l, |h, now| h.counters(now)))
             .collect()
     }
 
@@ -1594,7 +1555,7 @@ impl Rdma {
     /// their QPs go to ERR and each test answers its caller at once. How many QPs stopped.
     pub fn cancel_tests(&self) -> Result<usize, ApiError> {
         (0..self.lcores.len())
-            .map(|l| self.ask(l, |reply| RdmaCommand::CancelTests { reply }))
+            .map(|l| self.ask(l, |h, now| h.tests.cancel(&mut h.dev, now)))
             .sum()
     }
 

@@ -350,7 +350,7 @@ fn ud_pingpong_datagrams_through_a_ud_qp() {
             dest_qp: info.dest_qp,
             qkey: deth.qkey,
         });
-        tx.post_send(wr).unwrap();
+        tx.post_send(&wr, wr.wr_id, None).unwrap();
         let mut out = Vec::new();
         assert!(tx.poll_transmit(
             dataplane::time::Instant(0),

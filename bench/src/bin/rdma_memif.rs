@@ -70,14 +70,13 @@ fn main() {
             );
             let (tx, rx) = crossbeam_channel::unbounded();
             ctls[0]
-                .send(Command::Handler(RdmaCommand::Stream {
-                    qpn: pair.qpa,
-                    wr: Box::new(wr),
-                    count,
-                    depth,
-                    duration: None,
-                    reply: tx,
-                }))
+                .send(Command::Handler(RdmaCommand::test(
+                    tx,
+                    move |h, now, reply| {
+                        let shape = (count, depth, None);
+                        h.tests.stream(&mut h.dev, now, pair.qpa, wr, shape, reply)
+                    },
+                )))
                 .expect("lcore");
             let r = rx
                 .recv_timeout(Duration::from_secs(120))

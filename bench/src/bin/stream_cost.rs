@@ -120,13 +120,11 @@ fn main() {
     );
     let t = std::time::Instant::now();
     let r = two
-        .ask(0, |reply| RdmaCommand::Stream {
-            qpn: pair.qpa,
-            wr: Box::new(wr),
-            count: a.count,
-            depth: a.depth,
-            duration: None,
-            reply,
+        .ask(0, |reply| {
+            RdmaCommand::test(reply, move |h, now, r| {
+                let shape = (a.count, a.depth, None);
+                h.tests.stream(&mut h.dev, now, pair.qpa, wr, shape, r)
+            })
         })
         .expect("the worker answers")
         .expect("stream");

@@ -391,7 +391,7 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
                     inline: false,
                     ud: None,
                 };
-                if s.qps[0].post_send(wr).is_err() {
+                if s.qps[0].post_send(&wr, wr.wr_id, None).is_err() {
                     break;
                 }
                 posted[i] += 1;

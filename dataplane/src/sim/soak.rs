@@ -496,9 +496,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     sg: SgList::new(),
                     ..wr
                 };
-                mine.qps[q].post_send_inline(wr, &src_bytes)
+                mine.qps[q].post_send(&wr, wr.wr_id, Some(&src_bytes))
             } else {
-                mine.qps[q].post_send(wr)
+                mine.qps[q].post_send(&wr, wr.wr_id, None)
             };
             if let Err(e) = posted_wr {
                 fail(&mut report, format!("post_send refused: {e}"));

@@ -18,8 +18,10 @@
 
 pub mod cc;
 pub mod cq;
+pub mod device;
 pub mod mr;
 pub mod ops;
+pub mod perftest;
 pub mod qp;
 pub mod rc;
 pub mod resp_check;

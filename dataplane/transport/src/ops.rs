@@ -289,7 +289,7 @@ impl Run {
             inline: false,
             ud: None,
         };
-        if s.qp.post_send(wr).is_ok() {
+        if s.qp.post_send(&wr, wr.wr_id, None).is_ok() {
             s.sends.insert(id, 0);
         }
     }

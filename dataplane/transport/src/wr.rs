@@ -553,7 +553,7 @@ pub fn locate(sg: &[Sge], mut offset: u64, len: u64) -> Option<(u32, u64)> {
 pub type InlineData = ArrayVec<u8, { MAX_INLINE_DATA as usize }>;
 
 /// An inline request's bytes (IBV_SEND_INLINE with an SG list): gathered from the regions
-/// now and the SG list emptied, for `RcQp::post_send_inline`. None for a request that is not
+/// now and the SG list emptied, for `RcQp::post_send`. None for a request that is not
 /// inline; an error when its bytes are more than [`MAX_INLINE_DATA`] or outside its regions.
 pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>, WrError> {
     let d = inline_bytes(mrs, wr)?;
@@ -563,7 +563,7 @@ pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>,
     Ok(d)
 }
 
-/// [`take_inline`] without emptying the SG list (for `RcQp::post_send_copy`, which leaves
+/// [`take_inline`] without emptying the SG list (for `RcQp::post_send`, which leaves
 /// it out of the copy it posts).
 pub fn inline_bytes(mrs: &MrTable, wr: &SendWr) -> Result<Option<InlineData>, WrError> {
     if !wr.inline {

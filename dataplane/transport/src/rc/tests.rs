@@ -16,6 +16,24 @@ struct Node {
     key: u32,
 }
 
+/// The one post entry point, by value, as the tests post.
+trait PostByValue {
+    /// Posts `wr` under its own id.
+    fn post(&mut self, wr: SendWr) -> Result<(), PostError>;
+    /// Posts `wr` with `data` inline.
+    fn post_inline(&mut self, wr: SendWr, data: &[u8]) -> Result<(), PostError>;
+}
+
+impl PostByValue for RcQp {
+    fn post(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.post_send(&wr, wr.wr_id, None)
+    }
+
+    fn post_inline(&mut self, wr: SendWr, data: &[u8]) -> Result<(), PostError> {
+        self.post_send(&wr, wr.wr_id, Some(data))
+    }
+}
+
 const BASE: u64 = 0x10_0000;
 const LEN: usize = 2 << 20;
 
@@ -224,7 +242,7 @@ fn write_of_every_size_lands_byte_for_byte() {
                 inline: false,
                 ud: None,
             };
-            a.qp.post_send(wr).unwrap();
+            a.qp.post(wr).unwrap();
             pump(&mut a, &mut b);
             assert_eq!(
                 bytes(&b, BASE + 3, len as usize),
@@ -259,7 +277,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
     ];
     for (i, opv) in ops.iter().enumerate() {
         let len = [3000u32, 1024, 0][i];
-        a.qp.post_send(SendWr {
+        a.qp.post(SendWr {
             wr_id: i as u64,
             op: *opv,
             sg: sg(a.key, BASE + 50, len),
@@ -302,7 +320,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
 fn read_and_atomics_return_remote_data() {
     let (mut a, mut b) = pair(Mtu::M1024, 0xff_fffe, 0x100);
     let remote = bytes(&b, BASE + 7, 5000);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 7,
@@ -319,9 +337,9 @@ fn read_and_atomics_return_remote_data() {
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
     let target = BASE + 0x8_0000;
     set_word(&mut b, target, 41);
-    a.qp.post_send(fetch_add(&a, &b, 2, target, 1, BASE + 0x9_0000))
+    a.qp.post(fetch_add(&a, &b, 2, target, 1, BASE + 0x9_0000))
         .unwrap();
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 3,
         op: SendOp::CmpSwap {
             remote_addr: target,
@@ -375,7 +393,7 @@ fn rkey_violation_naks_errors_and_flushes() {
         .unwrap();
     }
     for (i, rkey) in [(1u64, b.key ^ 2), (2, b.key), (3, b.key)] {
-        a.qp.post_send(SendWr {
+        a.qp.post(SendWr {
             wr_id: i,
             op: SendOp::Write {
                 remote_addr: BASE,
@@ -447,7 +465,7 @@ fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
 #[test]
 fn rnr_is_retried_until_a_receive_is_posted() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -496,7 +514,7 @@ fn rnr_is_retried_until_a_receive_is_posted() {
 fn rnr_retries_run_out() {
     let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 7, 2);
     let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -507,7 +525,7 @@ fn rnr_retries_run_out() {
         ud: None,
     })
     .unwrap();
-    a.qp.post_send(write_wr(&a, &b, 10, 64)).unwrap();
+    a.qp.post(write_wr(&a, &b, 10, 64)).unwrap();
     let mut sends = 0;
     pump_with(&mut a, &mut b, Instant(10_000_000), &mut |from, f| {
         if from == 0 && opcode_of(f) == Some(op::RC_SEND_ONLY) {
@@ -530,7 +548,7 @@ fn rnr_retries_run_out() {
 #[test]
 fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
     let (mut a, mut b) = pair(Mtu::M1024, 0xff_fffc, 0xff_fffc);
-    a.qp.post_send(write_wr(&a, &b, 1, 10 * 1024)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 10 * 1024)).unwrap();
     let (mut seen, mut naks) = (0, 0);
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 1 && syndrome_of(f) == Some(0x60) {
@@ -561,7 +579,7 @@ fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
 fn ack_timeout_retransmits_then_gives_up() {
     // One lost ACK: the timer resends, the responder re-ACKs the duplicate, done.
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
     let mut acks = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, _| {
         if from == 1 {
@@ -575,8 +593,8 @@ fn ack_timeout_retransmits_then_gives_up() {
     // No ACK ever: retry_cnt = 3 resends, then RETRY_EXC_ERR and the rest flushed.
     let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 3, 7);
     let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
-    a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
+    a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
     let mut sent = 0;
     let t = pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 0 && parse(f, Checks::ALL).is_ok_and(|p| p.psn == Psn::new(0)) {
@@ -625,8 +643,8 @@ fn a_qp_whose_port_cannot_send_still_times_out_and_fails() {
             sg: sg(a.key, BASE, 64),
         })
         .unwrap();
-        a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
-        a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+        a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
+        a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
         if sent_before {
             let mut f = Vec::new();
             assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
@@ -665,7 +683,7 @@ fn an_idle_qp_or_one_that_waits_out_an_rnr_nak_does_not_time_out() {
     assert_eq!(a.qp.poll_timeout(), None, "nothing posted, nothing owed");
     // An RNR wait does not count against retry_cnt: the SEND waits for a receive, RNR NAK
     // after RNR NAK (rnr_retry 7: forever), far longer than the ACK timeout, then lands.
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -723,7 +741,7 @@ fn forge(
 
 /// The first frame `n` sends for `wr`, taken off the wire (a template for forged ones).
 fn first_frame(n: &mut Node, wr: SendWr) -> Vec<u8> {
-    n.qp.post_send(wr).unwrap();
+    n.qp.post(wr).unwrap();
     let mut f = Vec::new();
     assert!(n.qp.poll_transmit(Instant(0), &n.mrs, &mut n.scq, &mut n.rcq, &mut f));
     f
@@ -895,7 +913,7 @@ fn a_send_longer_than_its_receive_is_a_length_error_and_writes_nothing_past_it()
     })
     .unwrap();
     let before = bytes(&b, BASE + 1024, 8192);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 3,
         op: SendOp::Send,
         sg: sg(a.key, BASE + 4096, 3000),
@@ -999,7 +1017,7 @@ fn read_responses_are_held_to_the_reads_length() {
 #[test]
 fn an_ack_for_a_psn_never_sent_is_ignored() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post_send(write_wr(&a, &b, 1, 100)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
     let mut real_ack = None;
     pump_with(&mut a, &mut b, Instant(50_000), &mut |from, f| {
         if from == 1 {
@@ -1032,7 +1050,7 @@ fn an_ack_for_a_psn_never_sent_is_ignored() {
 #[test]
 fn duplicate_read_is_re_executed() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 12,
@@ -1065,7 +1083,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
     // The rest are placed as they arrive; the LAST response shows the holes, so the READ is
     // asked again at once (no ACK timeout) from the first hole, and then from the second.
     let (mut a, mut b) = pair(Mtu::M256, 0xff_fffd, 0);
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 100,
@@ -1118,8 +1136,7 @@ fn duplicate_atomic_is_answered_from_the_replay_cache() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     let target = BASE + 0x100;
     set_word(&mut b, target, 100);
-    a.qp.post_send(fetch_add(&a, &b, 1, target, 5, BASE))
-        .unwrap();
+    a.qp.post(fetch_add(&a, &b, 1, target, 5, BASE)).unwrap();
     let mut acks = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 1 && opcode_of(f) == Some(op::RC_ATOMIC_ACK) {
@@ -1146,8 +1163,8 @@ fn duplicate_atomic_is_answered_from_the_replay_cache() {
 fn completion_queue_overflow() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     a.scq = CompletionQueue::new(1);
-    a.qp.post_send(write_wr(&a, &b, 1, 10)).unwrap();
-    a.qp.post_send(write_wr(&a, &b, 2, 10)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 10)).unwrap();
+    a.qp.post(write_wr(&a, &b, 2, 10)).unwrap();
     pump(&mut a, &mut b);
     assert!(a.scq.in_error());
     assert_eq!(polled(&mut a.scq).len(), 1);
@@ -1185,9 +1202,8 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
                 inline: false,
                 ud: None,
             };
-            a.qp.post_send_inline(wr(SendOp::Send), &data[..len])
-                .unwrap();
-            a.qp.post_send_inline(
+            a.qp.post_inline(wr(SendOp::Send), &data[..len]).unwrap();
+            a.qp.post_inline(
                 wr(SendOp::Write {
                     remote_addr: BASE + 4096,
                     rkey: b.key,
@@ -1245,10 +1261,17 @@ fn copies_of_one_request_post_under_their_own_ids() {
         .write(BASE, &[0x5a; 64])
         .unwrap();
     for id in 100..104 {
-        a.qp.post_send_copy(&template, id, None).unwrap();
+        a.qp.post_send(&template, id, None).unwrap();
     }
-    a.qp.post_send_copy(&template, 104, Some(&[0xc3; 16]))
-        .unwrap();
+    // Inline bytes in place of a request's SG list: the request says so (its SG list is then
+    // where the bytes were gathered from); an unflagged one with an SG list is ambiguous.
+    let flagged = SendWr {
+        inline: true,
+        ..template
+    };
+    let bad = PostError::Wr(WrError::BadInline);
+    assert_eq!(a.qp.post_send(&template, 104, Some(&[0xc3; 16])), Err(bad));
+    a.qp.post_send(&flagged, 104, Some(&[0xc3; 16])).unwrap();
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| false);
     let s = polled(&mut a.scq);
     let ids: Vec<u64> = s.iter().map(|c| c.wr_id).collect();
@@ -1260,7 +1283,6 @@ fn copies_of_one_request_post_under_their_own_ids() {
     assert_eq!(bytes(&b, BASE + 4096, 64), want);
     // The template is untouched, and bad inline copies are refused.
     assert_eq!((template.wr_id, template.sg.len()), (7, 1));
-    let bad = PostError::Wr(WrError::BadInline);
     let read = SendWr {
         op: SendOp::Read {
             remote_addr: BASE,
@@ -1268,13 +1290,13 @@ fn copies_of_one_request_post_under_their_own_ids() {
         },
         ..template
     };
-    assert_eq!(a.qp.post_send_copy(&read, 1, Some(&[1])), Err(bad));
-    assert_eq!(a.qp.post_send_copy(&template, 1, Some(&[0; 401])), Err(bad));
+    assert_eq!(a.qp.post_send(&read, 1, Some(&[1])), Err(bad));
+    assert_eq!(a.qp.post_send(&flagged, 1, Some(&[0; 401])), Err(bad));
     let ungathered = SendWr {
         inline: true,
         ..template
     };
-    assert_eq!(a.qp.post_send_copy(&ungathered, 1, None), Err(bad));
+    assert_eq!(a.qp.post_send(&ungathered, 1, None), Err(bad));
 }
 
 #[test]
@@ -1347,12 +1369,9 @@ fn caps_are_checked_at_create_and_post() {
     };
     let too_long = vec![0u8; 401];
     let bad_post = PostError::Wr(WrError::BadInline);
-    assert_eq!(
-        a.qp.post_send_inline(wr(write, 0), &too_long),
-        Err(bad_post)
-    );
-    assert_eq!(a.qp.post_send_inline(wr(write, 1), &[1, 2]), Err(bad_post));
-    assert_eq!(a.qp.post_send_inline(wr(read, 0), &[1, 2]), Err(bad_post));
+    assert_eq!(a.qp.post_inline(wr(write, 0), &too_long), Err(bad_post));
+    assert_eq!(a.qp.post_inline(wr(write, 1), &[1, 2]), Err(bad_post));
+    assert_eq!(a.qp.post_inline(wr(read, 0), &[1, 2]), Err(bad_post));
     // A QP with fewer SGEs than the device refuses longer lists.
     let mut small = RcQp::new(
         7,
@@ -1368,8 +1387,8 @@ fn caps_are_checked_at_create_and_post() {
         .connect(&Connect::new(Path::sim(1, 2, 0xc007), Mtu::M1024, 8))
         .unwrap();
     let too_many = PostError::Wr(WrError::TooManySge);
-    assert_eq!(small.post_send(wr(write, 3)), Err(too_many));
-    assert_eq!(small.post_send(wr(write, 2)), Ok(()));
+    assert_eq!(small.post(wr(write, 3)), Err(too_many));
+    assert_eq!(small.post(wr(write, 2)), Ok(()));
     assert_eq!(
         small.post_recv(RecvWr {
             wr_id: 1,
@@ -1385,7 +1404,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
     for fence in [false, true] {
         let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
         let old = bytes(&b, BASE + 64, 2000);
-        a.qp.post_send(SendWr {
+        a.qp.post(SendWr {
             wr_id: 1,
             op: SendOp::Read {
                 remote_addr: BASE + 64,
@@ -1399,7 +1418,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             ud: None,
         })
         .unwrap();
-        a.qp.post_send(SendWr {
+        a.qp.post(SendWr {
             wr_id: 2,
             op: SendOp::Write {
                 remote_addr: BASE + 64,
@@ -1447,7 +1466,7 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
     b.qp.cfg.max_dest_rd_atomic = 2;
     let mut frames = Vec::new();
     for (i, off) in [0u64, 4096, 8192].into_iter().enumerate() {
-        a.qp.post_send(SendWr {
+        a.qp.post(SendWr {
             wr_id: i as u64,
             op: SendOp::Read {
                 remote_addr: BASE + off,
@@ -1511,7 +1530,7 @@ fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
     let (mut a, mut b) = pair(Mtu::M256, 0, 0);
     // Three one-packet WRITEs and one of 100 packets, none asking for an ACK.
     for (id, len) in [(1, 10), (2, 20), (3, 30), (4, 100 * 256)] {
-        a.qp.post_send(write_wr(&a, &b, id, len)).unwrap();
+        a.qp.post(write_wr(&a, &b, id, len)).unwrap();
     }
     let mut frames = Vec::new();
     let mut f = Vec::new();
@@ -1562,7 +1581,7 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
         }
         // 16 WRITEs of 64 KiB: 1024 packets, every one marked CE on the way to B.
         for id in 0..16 {
-            a.qp.post_send(write_wr(&a, &b, id, 64 << 10)).unwrap();
+            a.qp.post(write_wr(&a, &b, id, 64 << 10)).unwrap();
         }
         let ce = Faults {
             ce_mark: 1.0,
@@ -1654,7 +1673,7 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
     let mut cnp = Vec::new();
     let mut peer = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
     peer.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
-    a.qp.post_send(write_wr(&a, &peer, 1, 100)).unwrap();
+    a.qp.post(write_wr(&a, &peer, 1, 100)).unwrap();
     let mut f = Vec::new();
     assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
     assert!(netsim::mark_ce(&mut f));
@@ -1701,8 +1720,8 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
 fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
     use crate::qp::QpAttr;
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post_send(write_wr(&a, &b, 1, 3000)).unwrap();
-    a.qp.post_send(write_wr(&a, &b, 2, 100)).unwrap();
+    a.qp.post(write_wr(&a, &b, 1, 3000)).unwrap();
+    a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
     // The first packet of WR 1 leaves, then the QP is asked to drain.
     let mut f = Vec::new();
     assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
@@ -1746,7 +1765,7 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     let (mut a1, b) = pair(Mtu::M1024, 5, 0);
     let (mut a2, _) = pair(Mtu::M1024, 5, 0);
     for a in [&mut a1, &mut a2] {
-        a.qp.post_send(write_wr(a, &b, 1, 2500)).unwrap();
+        a.qp.post(write_wr(a, &b, 1, 2500)).unwrap();
     }
     let mut v = Vec::new();
     let mut h = HeapBuf::new();
@@ -1769,7 +1788,7 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     // A buffer too small for the MTU's payload gets no frame, and nothing is lost: the packet
     // is built later into one that fits.
     let (mut a3, _) = pair(Mtu::M4096, 0, 0);
-    a3.qp.post_send(write_wr(&a3, &b, 1, 4096)).unwrap();
+    a3.qp.post(write_wr(&a3, &b, 1, 4096)).unwrap();
     struct Small(HeapBuf);
     impl PacketBuf for Small {
         wire::buf::delegate_heap_buf!();
@@ -1847,7 +1866,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
         .unwrap()
         .write(BASE + 0x8000, &[0xab; 600])
         .unwrap();
-    a.qp.post_send(ud_send(&a, 7, BASE + 0x8000, 600, 0x24, QKEY))
+    a.qp.post(ud_send(&a, 7, BASE + 0x8000, 600, 0x24, QKEY))
         .unwrap();
     let mut frames = Vec::new();
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, f| {
@@ -1879,7 +1898,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
     assert_eq!(&grh[20..], &frames[0][14..34]);
     assert_eq!(bytes(&b, BASE + 40, 600), vec![0xab; 600]);
     // The next datagram takes the next PSN and, with immediate data, reports it.
-    a.qp.post_send(SendWr {
+    a.qp.post(SendWr {
         op: SendOp::SendWithImm(0xfeed),
         ..ud_send(&a, 8, BASE + 0x8000, 10, 0x24, QKEY)
     })
@@ -1905,7 +1924,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
 fn ud_drops_wrong_qkeys_and_datagrams_without_a_receive() {
     let (mut a, mut b) = (ud_node(0x13, 1), ud_node(0x24, 2));
     // No receive posted: dropped, counted as out_of_buffer, no RNR NAK, nothing resent.
-    a.qp.post_send(ud_send(&a, 1, BASE, 8, 0x24, QKEY)).unwrap();
+    a.qp.post(ud_send(&a, 1, BASE, 8, 0x24, QKEY)).unwrap();
     let mut n = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| {
         n += 1;
@@ -1920,14 +1939,12 @@ fn ud_drops_wrong_qkeys_and_datagrams_without_a_receive() {
         sg: sg(b.key, BASE, 100),
     })
     .unwrap();
-    a.qp.post_send(ud_send(&a, 2, BASE, 8, 0x24, 0x2222))
-        .unwrap();
+    a.qp.post(ud_send(&a, 2, BASE, 8, 0x24, 0x2222)).unwrap();
     pump(&mut a, &mut b);
     assert_eq!(b.qp.counters.qkey_violations, 1);
     assert!(polled(&mut b.rcq).is_empty());
     // A buffer too small for GRH + payload: LOC_LEN_ERR, and the QP stops.
-    a.qp.post_send(ud_send(&a, 3, BASE, 80, 0x24, QKEY))
-        .unwrap();
+    a.qp.post(ud_send(&a, 3, BASE, 80, 0x24, QKEY)).unwrap();
     pump(&mut a, &mut b);
     let got = polled(&mut b.rcq);
     assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::LocLenErr));
@@ -1948,7 +1965,7 @@ fn ud_posts_are_checked() {
         ..wr
     };
     let send = SendWr::new(1, SendOp::Send, sg(a.key, BASE, 8));
-    assert!(e(q.post_send(send)).contains("destination"));
+    assert!(e(q.post(send)).contains("destination"));
     let write = SendWr {
         op: SendOp::Write {
             remote_addr: BASE,
@@ -1956,20 +1973,20 @@ fn ud_posts_are_checked() {
         },
         ..to_b(send)
     };
-    assert!(e(q.post_send(write)).contains("only SEND"));
+    assert!(e(q.post(write)).contains("only SEND"));
     let long = SendWr {
         sg: sg(a.key, BASE, 1025),
         ..to_b(send)
     };
-    assert!(e(q.post_send(long)).contains("one packet"));
+    assert!(e(q.post(long)).contains("one packet"));
     let mut mixed = to_b(send);
     if let Some(d) = mixed.ud.as_mut() {
         d.path.remote_ip = "fd00::2".parse().unwrap();
     }
-    assert!(e(q.post_send(mixed)).contains("destination"));
+    assert!(e(q.post(mixed)).contains("destination"));
     assert_eq!(q.outstanding(), 0, "refused posts leave nothing behind");
-    q.post_send(to_b(send)).unwrap();
+    q.post(to_b(send)).unwrap();
     // An RC QP takes no destination.
     let (mut rc, _) = pair(Mtu::M1024, 0, 0);
-    assert!(e(rc.qp.post_send(to_b(send))).contains("destination"));
+    assert!(e(rc.qp.post(to_b(send))).contains("destination"));
 }

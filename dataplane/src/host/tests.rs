@@ -1,0 +1,295 @@
+//! The host on lcores over in-memory links: QPN rotation, traffic, tests, handoffs.
+
+use super::*;
+use crate::cc::{CcKind, DcqcnParams};
+use crate::counters::LcoreCounters;
+use crate::lcore::{Command, LcoreId, StdClock, Worker};
+use crate::port::PortInfo;
+use crate::port::mem::link;
+use crossbeam_channel::unbounded;
+use std::sync::Arc;
+use transport::device::DeviceError;
+use transport::perftest::LatKind;
+use transport::qp::Mtu;
+use transport::rc::QpCaps;
+use transport::wr::SendOp;
+use transport::wr::SendWr;
+
+/// How long a test may take.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+fn info(i: u16) -> PortInfo {
+    PortInfo::virtual_port(i, 9000)
+}
+
+/// Runs `host` on queue `q` in a thread, as an lcore would.
+fn spawn<Q: PortQueue + 'static>(
+    i: usize,
+    q: Q,
+    host: RdmaHost<Q::Buf>,
+) -> (HostControl, std::thread::JoinHandle<Vec<Q>>) {
+    let (tx, rx) = unbounded();
+    let w = Worker::new(
+        LcoreId(i as u16),
+        vec![q],
+        host,
+        StdClock::new(),
+        Arc::new(LcoreCounters::default()),
+        rx,
+    );
+    (tx, std::thread::spawn(move || w.run()))
+}
+
+/// A QP with the default caps and no congestion control, unconnected.
+fn plain_qp(ctl: &HostControl) -> u32 {
+    ask(ctl, |h, _| {
+        let p = DcqcnParams::nvidia();
+        h.dev
+            .create_qp(QpCaps::default(), None, [None; 2], CcKind::None, p)
+    })
+    .unwrap()
+    .unwrap()
+}
+
+/// Stops the workers and waits for them.
+fn stop_all<'a, T>(
+    ctls: impl IntoIterator<Item = &'a HostControl>,
+    threads: Vec<std::thread::JoinHandle<T>>,
+) {
+    for c in ctls {
+        c.send(Command::Stop).unwrap();
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn a_destroyed_qps_number_waits_behind_a_thousand_others_before_it_is_given_again() {
+    let (qa, _qb) = link(info(1), info(2), 64);
+    let (a, t) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let create = || plain_qp(&a);
+    let destroy = |qpn| assert!(ask(&a, move |h, _| h.dev.destroy_qp(qpn)).unwrap());
+    // Create and destroy one QP at a time, as short perftest runs do: no number comes
+    // back while fewer than QPN_QUARANTINE others are free.
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..=QPN_QUARANTINE {
+        let q = create();
+        assert!(seen.insert(q), "QPN {q:#x} given again too soon");
+        destroy(q);
+    }
+    // Then the oldest freed number, first of them all, comes back.
+    let first = *seen.iter().min().unwrap();
+    assert_eq!(create(), first);
+    stop_all([&a], vec![t]);
+}
+
+#[test]
+fn frames_to_a_destroyed_qp_do_not_land_on_the_next_qp_connected_to_the_same_node() {
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    // B's end of a first pair goes away (its application exited), A's goes on sending:
+    // WRITEs, retransmitted every ACK timeout, to B's old QP number.
+    let old = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    assert!(ask(&b, move |h, _| h.dev.destroy_qp(old.qpb)).unwrap());
+    for id in 0..4 {
+        let wr = SendWr::new(
+            id,
+            SendOp::Write {
+                remote_addr: PAIR_VA,
+                rkey: old.kb,
+            },
+            transport::wr::Sge::list(PAIR_VA, 4096, old.ka),
+        );
+        ask(&a, move |h, now| h.dev.post_send(old.qpa, wr, now))
+            .unwrap()
+            .unwrap();
+    }
+    // A new pair between the same two nodes, while those retransmissions go on.
+    let new = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    std::thread::sleep(core::time::Duration::from_millis(400));
+    let q = ask(&b, move |h, now| h.dev.query(new.qpb, now))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (q.counters.rcvd_pkts, q.counters.out_of_sequence),
+        (0, 0),
+        "the old QP's frames reached the new one: {:?}",
+        q.counters
+    );
+    let qa = ask(&a, move |h, now| h.dev.query(new.qpa, now))
+        .unwrap()
+        .unwrap();
+    assert_eq!(qa.counters.rcvd_pkts, 0, "{:?}", qa.counters);
+    assert_ne!(new.qpb, old.qpb, "B's old QP number given again at once");
+    stop_all([&a, &b], vec![ta, tb]);
+}
+
+#[test]
+fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let mut ctls = Vec::new();
+    let mut threads = Vec::new();
+    for (i, q) in [qa, qb].into_iter().enumerate() {
+        let (tx, t) = spawn(i, q, RdmaHost::new(i as u32, 0, 100e9));
+        threads.push(t);
+        ctls.push(tx);
+    }
+    let (a, b) = (&ctls[0], &ctls[1]);
+    for mtu in [Mtu::M1024, Mtu::M4096, Mtu::M256] {
+        pair_check(a, b, mtu).unwrap();
+    }
+    // The lcores' counters, destroyed QPs included: 1 MiB WRITE at three MTUs, three READs
+    // and three fetch-and-adds, and every frame one side sent the other received.
+    let ca = ask(a, |h, now| h.counters(now)).unwrap().qp;
+    let cb = ask(b, |h, now| h.counters(now)).unwrap().qp;
+    assert_eq!(cb.rx_write_requests, 1024 + 256 + 4096);
+    assert_eq!((cb.rx_atomic_requests, ca.rx_read_requests), (3, 3));
+    assert_eq!((ca.sent_pkts, cb.sent_pkts), (cb.rcvd_pkts, ca.rcvd_pkts));
+    assert_eq!(
+        ca.packet_seq_err + ca.local_ack_timeout_err,
+        0,
+        "a clean link"
+    );
+    // A stream the lcore keeps posted itself: 2000 WRITEs of 4 KiB, 16 outstanding.
+    let pair = connect_pair(a, b, Mtu::M4096, CcKind::Dcqcn).unwrap();
+    let wr = SendWr::new(
+        0,
+        SendOp::Write {
+            remote_addr: PAIR_VA,
+            rkey: pair.kb,
+        },
+        transport::wr::Sge::list(PAIR_VA, 4096, pair.ka),
+    );
+    let r_wr = wr;
+    let r = ask_test(a, WAIT, move |h, now, reply| {
+        h.tests
+            .stream(&mut h.dev, now, pair.qpa, wr, (2000, 16, None), reply)
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!((r.completed, r.errors), (2000, 0));
+    // Duration mode (perftest's -D): a count it could never reach, stopped by the clock;
+    // what was out completes, and none of the count left over is an error.
+    let d = Some(core::time::Duration::from_millis(100));
+    let r = ask_test(a, WAIT, move |h, now, reply| {
+        let shape = (u64::MAX, 16, d);
+        h.tests
+            .stream(&mut h.dev, now, pair.qpa, r_wr, shape, reply)
+    })
+    .unwrap()
+    .unwrap();
+    assert!(r.completed > 0 && r.errors == 0, "{r:?}");
+    assert!(r.elapsed_ns >= 100_000_000, "{r:?}");
+    // A timed READ latency test (perftest's -D): no margin under a second, so the window
+    // is the whole 100 ms; the iterations are those that completed in it.
+    let read = SendWr::new(
+        0,
+        SendOp::Read {
+            remote_addr: PAIR_VA,
+            rkey: pair.kb,
+        },
+        transport::wr::Sge::list(PAIR_VA, 8, pair.ka),
+    );
+    let r = ask_test(a, WAIT, move |h, now, reply| {
+        let test = (LatKind::Request, read, false);
+        h.tests
+            .latency(&mut h.dev, now, pair.qpa, test, 0, d, reply)
+    })
+    .unwrap()
+    .unwrap();
+    let sample = r.sample.expect("a timed test's sample");
+    assert!(r.errors == 0 && r.posted_ns.is_empty(), "{r:?}");
+    assert!(sample.iters > 0 && r.elapsed_ns >= 100_000_000, "{r:?}");
+    assert!(
+        (100_000_000..110_000_000).contains(&sample.window_ns),
+        "{r:?}"
+    );
+    // A QP that is not connected cannot stream.
+    let q = plain_qp(a);
+    let refused = ask_test(a, WAIT, move |h, now, reply| {
+        h.tests
+            .stream(&mut h.dev, now, q, r_wr, (1, 1, None), reply)
+    })
+    .unwrap();
+    assert_eq!(refused.unwrap_err(), TestError::NotRts(q));
+    assert!(r.elapsed_ns > 0);
+    // QPNs carry their owner.
+    let q = plain_qp(b);
+    assert_eq!(shard_of(q), 1);
+    // Wrong input gets an answer, not a panic.
+    let wr = SendWr::new(9, SendOp::Send, transport::wr::SgList::new());
+    let r = ask(a, move |h, now| h.dev.post_send(0x77, wr, now)).unwrap();
+    assert_eq!(r.unwrap_err(), DeviceError::NoQp(0x77));
+    assert!(!ask(a, |h, _| h.dev.destroy_qp(0x77)).unwrap());
+    stop_all(&ctls, threads);
+}
+
+#[test]
+fn two_lcores_over_impaired_links_recover_everything() {
+    use crate::port::impair::{Direction, Impaired, Impairments};
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let mut ctls = Vec::new();
+    let mut handles = Vec::new();
+    let mut threads = Vec::new();
+    for (i, q) in [qa, qb].into_iter().enumerate() {
+        let (q, h) = Impaired::new(q, StdClock::new(), 11 + i as u64);
+        h.set(
+            Direction::Tx,
+            crate::port::impair::Impairments {
+                loss: 0.01,
+                reorder: 0.01,
+                reorder_delay: std::time::Duration::from_micros(20),
+                duplicate: 0.01,
+                ..Impairments::default()
+            },
+        )
+        .unwrap();
+        let (tx, t) = spawn(i, q, RdmaHost::new(i as u32, 0, 100e9));
+        threads.push(t);
+        ctls.push(tx);
+        handles.push(h);
+    }
+    let (a, b) = (&ctls[0], &ctls[1]);
+    for mtu in [Mtu::M1024, Mtu::M4096] {
+        pair_check(a, b, mtu).unwrap();
+    }
+    let ca = ask(a, |h, now| h.counters(now)).unwrap().qp;
+    let cb = ask(b, |h, now| h.counters(now)).unwrap().qp;
+    let st = &handles[0].stats.tx;
+    assert!(st.lost.get() > 0 && st.duplicated.get() > 0 && st.reordered.get() > 0);
+    // The losses were repaired by retransmission, and duplicates were recognised.
+    assert!(
+        ca.packet_seq_err + ca.implied_nak_seq_err + ca.local_ack_timeout_err > 0,
+        "{ca:?}"
+    );
+    assert!(cb.duplicate_request + cb.out_of_sequence > 0, "{cb:?}");
+    stop_all(&ctls, threads);
+}
+
+#[test]
+fn frames_on_another_lcores_queue_are_handed_to_the_owner() {
+    // Two nodes of two lcores, queue i of one joined to queue i of the other (a port with
+    // two queues and no RSS). A's QP lives on its lcore 0, B's on its lcore 1: A's frames
+    // arrive on B's lcore 0 and B's answers on A's lcore 1, and both must be handed over.
+    let (a0, b0) = link(info(1), info(2), 8192);
+    let (a1, b1) = link(info(1), info(2), 8192);
+    let mut ctls: Vec<Vec<HostControl>> = vec![Vec::new(), Vec::new()];
+    let mut threads = Vec::new();
+    for (node, queues) in [(0, [a0, a1]), (1, [b0, b1])] {
+        let hosts = RdmaHost::sharded(2, 0, 100e9);
+        for (i, (q, h)) in queues.into_iter().zip(hosts).enumerate() {
+            let (tx, t) = spawn(i, q, h);
+            threads.push(t);
+            ctls[node].push(tx);
+        }
+    }
+    pair_check(&ctls[0][0], &ctls[1][1], Mtu::M1024).unwrap();
+    let handed = |c: &HostControl| ask(c, |h, now| h.counters(now)).unwrap();
+    let (b_lcore0, a_lcore1) = (handed(&ctls[1][0]), handed(&ctls[0][1]));
+    assert!(b_lcore0.handoffs >= 1024, "{b_lcore0:?}");
+    assert!(a_lcore1.handoffs > 0, "{a_lcore1:?}");
+    assert_eq!(b_lcore0.handoff_drops + a_lcore1.handoff_drops, 0);
+    stop_all(ctls.iter().flatten(), threads);
+}

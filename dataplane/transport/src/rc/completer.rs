@@ -1,0 +1,260 @@
+//! The completer: ACKs, NAKs, READ responses and atomic ACKs matched to the send queue,
+//! completions in order, the retry and RNR counts, the ACK timer.
+
+use super::*;
+
+impl RcQp {
+    /// Something was acknowledged: retries start over and the ACK timer restarts.
+    pub(super) fn progress(&mut self) {
+        self.retrying = false;
+        self.retries_left = self.cfg.retry_cnt;
+        self.rnr_left = self.cfg.rnr_retry;
+        self.ack_deadline = None;
+        self.arm_ack_timer();
+    }
+
+    /// Whether the QP is owed an answer: requests in flight, or (in RTS) requests waiting to
+    /// be sent. While it is, the ACK timer runs.
+    pub(super) fn owes_progress(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc
+            && !self.sq.is_empty()
+            && match self.cfg.state {
+                QpState::Rts => true,
+                // A draining QP starts nothing new: only what is in flight is owed.
+                QpState::Sqd => self.sent_hw.diff(self.una) > 0,
+                _ => false,
+            }
+    }
+
+    /// Starts the ACK timer if it is not running and the QP is owed an answer (and is not
+    /// waiting out an RNR NAK). It runs whatever the port does: a QP whose frames cannot
+    /// leave (its link down, its peer gone) still times out, retries and fails with
+    /// RETRY_EXC_ERR after retry_cnt tries, as an RNIC's does.
+    pub(super) fn arm_ack_timer(&mut self) {
+        if self.ack_deadline.is_none() && self.rnr_until.is_none() && self.owes_progress() {
+            self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
+        }
+    }
+
+    /// Completes the SEND/WRITE requests that were sent whole and end at or before `psn`.
+    pub(super) fn ack_upto(&mut self, psn: Psn, cq: &mut CompletionQueue) -> usize {
+        let mut n = 0;
+        for (k, w) in self.sq.iter().enumerate() {
+            let sent_whole = w.last_psn().diff(self.sent_hw) < 0;
+            if !sent_whole || w.last_psn().diff(psn) > 0 || w.wr.op.is_read_or_atomic() {
+                break;
+            }
+            n = k + 1;
+        }
+        self.complete_upto(n, cq);
+        // The oldest unacknowledged PSN moves past `psn`, but never past a READ or atomic
+        // still waiting for its response (an ACK does not answer those).
+        let mut una = psn.add(1);
+        if let Some(w) = self.sq.iter().find(|w| w.wr.op.is_read_or_atomic())
+            && una.diff(w.first_psn) > 0
+        {
+            una = w.first_psn;
+        }
+        if una.diff(self.una) > 0 {
+            self.una = una;
+        }
+        n
+    }
+
+    pub(super) fn complete(
+        &mut self,
+        info: &PacketInfo,
+        frame: &[u8],
+        mrs: &mut MrTable,
+        cq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
+    ) {
+        let psn = info.psn;
+        // An acknowledgement for a PSN never sent (or long acknowledged) is ignored.
+        if psn.diff(self.sent_hw) >= 0 || psn.diff(self.una) < -(1 << 22) {
+            return;
+        }
+        // Implied NAK: responses come back in order, so an acknowledgement of any kind for a
+        // PSN past an unanswered READ or atomic at the front means its responses were lost.
+        // Go back to the oldest unacknowledged PSN (inside that request).
+        if let Some(front) = self.sq.front()
+            && front.wr.op.is_read_or_atomic()
+            && psn.diff(front.last_psn()) > 0
+        {
+            if !self.retrying {
+                self.counters.implied_nak_seq_err += 1;
+                self.retry(self.una, cq, rcq);
+            }
+            return;
+        }
+        let syndrome = info.aeth(frame).map(|a| a.syndrome);
+        match syndrome {
+            Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                self.counters.packet_seq_err += 1;
+                // Everything before `psn` arrived (implied ACK); go back to `psn`. If that moved
+                // the oldest unacknowledged PSN, it is progress and the retry count starts over.
+                let before = self.una;
+                if self.ack_upto(psn.sub(1), cq) > 0 || self.una.diff(before) > 0 {
+                    self.progress();
+                }
+                // A NAK for a retry already under way (a duplicate, or one that crossed our
+                // resend) starts nothing new.
+                if !self.retrying {
+                    self.retry(psn, cq, rcq);
+                }
+                return;
+            }
+            Some(Syndrome::Nak(code)) => {
+                self.ack_upto(psn.sub(1), cq);
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.fail_front(0, status, cq, rcq);
+                return;
+            }
+            Some(Syndrome::RnrNak { timer }) => {
+                self.counters.rnr_nak_retry_err += 1;
+                self.ack_upto(psn.sub(1), cq);
+                if self.cfg.rnr_retry != 7 {
+                    if self.rnr_left == 0 {
+                        self.fail_front(0, WcStatus::RnrRetryExcErr, cq, rcq);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.rewind(psn);
+                self.rnr_until = Some(self.now + aeth::rnr_duration(timer));
+                return;
+            }
+            _ => {}
+        }
+        // READ responses and atomic ACKs carry data for the request they answer.
+        if let Some(i) = self
+            .sq
+            .iter()
+            .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0)
+            && self.sq[i].wr.op.is_read_or_atomic()
+        {
+            // Everything before this request has been acknowledged by implication.
+            self.ack_upto(self.sq[i].first_psn.sub(1), cq);
+            let i = self
+                .sq
+                .iter()
+                .position(|w| psn.diff(w.first_psn) >= 0 && psn.diff(w.last_psn()) <= 0);
+            let Some(i) = i else { return };
+            if i != 0 {
+                return; // an earlier READ/atomic is still unanswered: wait (or retransmit)
+            }
+            let w = &self.sq[0];
+            let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
+            if info.op.has(mask::READ) {
+                let ahead = psn.diff(self.una);
+                if ahead < 0 || ahead as u32 >= READ_WINDOW {
+                    // Already placed, or too far past a hole to keep: asked again later.
+                    return;
+                }
+                if !self.read_win.has(psn) {
+                    let at = psn.diff(w.first_psn) as u64 * mtu;
+                    // Each response carries one MTU of the READ, the last what is left: a
+                    // response longer or shorter than that is a length error (rxe's
+                    // check_length), never placed.
+                    let payload = info.payload(frame);
+                    if payload.len() as u64 != w.len.saturating_sub(at).min(mtu) {
+                        self.fail_front(0, WcStatus::LocLenErr, cq, rcq);
+                        return;
+                    }
+                    if scatter(mrs, &w.wr.sg, at, payload).is_err() {
+                        self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
+                        return;
+                    }
+                    self.read_win.set(psn);
+                    self.una = self.read_win.advance(self.una);
+                    if self.una.diff(self.sq[0].last_psn()) > 0 {
+                        self.complete_upto(1, cq);
+                        self.progress();
+                        return;
+                    }
+                    // New data placed: progress, even if it sits past a hole.
+                    self.progress();
+                }
+                if info.op.has(mask::LAST) && !self.retrying {
+                    // The stream ended with holes: ask again from the oldest now rather than
+                    // wait for the ACK timer (rxe retries at once on a READ response gap).
+                    self.counters.implied_nak_seq_err += 1;
+                    self.retry(self.una, cq, rcq);
+                }
+                return;
+            }
+            if let Some(a) = info.atomic_ack(frame) {
+                if scatter(mrs, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
+                    self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
+                    return;
+                }
+                self.una = psn.add(1);
+                self.complete_upto(1, cq);
+                self.progress();
+            }
+            return;
+        }
+        // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole; it is progress
+        // if it completed something or moved the oldest unacknowledged PSN.
+        let before = self.una;
+        if self.ack_upto(psn, cq) > 0 || self.una.diff(before) > 0 {
+            self.progress();
+        }
+    }
+
+    /// Completes the first `n` work requests successfully.
+    pub(super) fn complete_upto(&mut self, n: usize, cq: &mut CompletionQueue) {
+        if n > 0 {
+            self.read_win.clear();
+        }
+        for _ in 0..n {
+            let w = self.sq.pop_front().expect("n <= len");
+            if self.send_idx > 0 {
+                self.send_idx -= 1;
+            } else {
+                self.send_pkt = 0; // the cursor was inside it (after a rewind): move past it
+            }
+            if w.wr.op.is_read_or_atomic() {
+                self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+            }
+            if w.wr.signaled {
+                let ns = self.now.saturating_since(w.posted_at).as_nanos() as u64;
+                let _ = self.latencies.try_push((w.wr.op.wc_opcode(), ns));
+                let len = w.len as u32;
+                let _ = cq.push(wc(
+                    w.wr.wr_id,
+                    WcStatus::Success,
+                    w.wr.op.wc_opcode(),
+                    len,
+                    self.qpn,
+                ));
+            }
+        }
+    }
+
+    /// Completes work request `i` (and, by moving the QP to ERR, flushes all after it and
+    /// the receive queue).
+    pub(super) fn fail_front(
+        &mut self,
+        i: usize,
+        status: WcStatus,
+        cq: &mut CompletionQueue,
+        rcq: &mut CompletionQueue,
+    ) {
+        match status {
+            WcStatus::RetryExcErr => self.counters.req_transport_retries_exceeded += 1,
+            WcStatus::RnrRetryExcErr => self.counters.req_rnr_retries_exceeded += 1,
+            _ => {}
+        }
+        self.complete_upto(i, cq);
+        self.read_win.clear();
+        if let Some(w) = self.sq.pop_front() {
+            let _ = cq.push(wc(w.wr.wr_id, status, w.wr.op.wc_opcode(), 0, self.qpn));
+        }
+        self.enter_err(cq, rcq);
+    }
+}
