@@ -18,6 +18,8 @@ rules=(
     "the-simulator-reads-no-clock|dataplane/netsim/src|std::time::(Instant|SystemTime)"
     "the-ip-stack-has-no-dpdk|dataplane/src/net|crate::(\{[^}]*\b)?(dpdk|mem|host)\b|dpdk_sys|\btransport::"
     "controlplane-reaches-dpdk-through-dataplane|controlplane/src|dpdk_sys"
+    "the-node-knows-no-http|controlplane/src/rdma|crate::(\{[^}]*\b)?(api|metrics)\b|\baxum::|StatusCode"
+    "metrics-and-the-api-share-state-not-each-other|controlplane/src/metrics.rs|crate::(\{[^}]*\b)?api\b"
     "rocectl-needs-only-wire|cli/src|dataplane::(?!wire\b)"
 )
 

@@ -4,3 +4,4 @@ pub mod decode;
 pub mod perf;
 pub mod perftest;
 pub mod pingpong;
+pub mod setup;

@@ -9,8 +9,8 @@
 //! arrived, `-n` times: the SEND ping-pong of `rocectl perf send lat`, run by the QP's lcore.
 
 use crate::ctl::{Client, Fail};
-use crate::perf::{Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
 use crate::perftest::{Dest, OobError, Role};
+use crate::setup::{Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
 use clap::Args;
 use serde_json::{Value, json};
 use std::io::{Read, Write};

@@ -11,3 +11,4 @@ pub mod metrics;
 pub mod node;
 pub mod openapi;
 pub mod rdma;
+pub mod state;

@@ -8,7 +8,7 @@
 //! `ferroce_sent_pkts_total`), per lcore: a QP lives on one lcore for its whole life, so the
 //! per-lcore series are the device totals split by owner.
 
-use crate::api::ApiState;
+use crate::state::ApiState;
 use dataplane::counters::DropReason;
 use dataplane::host::HostCounters;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode};

@@ -1,9 +1,9 @@
 //! Running a node: EAL, mempool and ports up; one worker per lcore; the control loop on the
 //! main lcore; and an orderly stop that returns every mbuf and leaves no DPDK files behind.
 
-use crate::api::ApiState;
 use crate::config::{MemifRole, Mode, Plan, PortPlan};
 use crate::rdma::Rdma;
+use crate::state::ApiState;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use dataplane::appliance::{Appliance, ApplianceCommand};
 use dataplane::counters::LcoreCounters;

@@ -9,9 +9,9 @@
 use crate::PacketBuf;
 use crate::host::{RdmaCommand, RdmaHost};
 use crate::lcore::{Handler, Io};
-use crate::net::stack::ROCEV2_UDP_PORT;
 use crate::net::{NetCommand, NetStack};
 use crate::port::{Burst, PortQueue};
+use crate::wire::{eth, ipv4, ipv6, udp};
 
 /// A command for one of the lcore's two handlers.
 #[derive(Debug)]
@@ -48,35 +48,37 @@ impl<B: PacketBuf> Appliance<B> {
 /// True for a RoCEv2 frame to `mac`: Ethernet (optionally 802.1Q) / IPv4 or IPv6 / UDP to
 /// port 4791. Only looks; the transport's parse checks everything else.
 pub fn is_roce_frame(d: &[u8], mac: &[u8; 6]) -> bool {
-    if d.len() < 14 || d[0..6] != mac[..] {
+    const L2: usize = eth::HEADER_LEN;
+    if d.len() < L2 || d[0..6] != mac[..] {
         return false;
     }
-    let (mut ethertype, mut l3) = (u16::from_be_bytes([d[12], d[13]]), 14);
-    if ethertype == 0x8100 {
-        if d.len() < 18 {
+    let (mut ethertype, mut l3) = (u16::from_be_bytes([d[12], d[13]]), L2);
+    if ethertype == eth::ETHERTYPE_VLAN {
+        if d.len() < L2 + eth::VLAN_TAG_LEN {
             return false;
         }
         ethertype = u16::from_be_bytes([d[16], d[17]]);
-        l3 = 18;
+        l3 = L2 + eth::VLAN_TAG_LEN;
     }
-    let udp = match ethertype {
-        0x0800 => {
+    // The IPv4 protocol (byte 9) and the IPv6 next header (byte 6) name UDP alike.
+    let l4 = match ethertype {
+        eth::ETHERTYPE_IPV4 => {
             let Some(&vihl) = d.get(l3) else { return false };
-            if d.get(l3 + 9) != Some(&17) {
+            if d.get(l3 + 9) != Some(&ipv4::PROTO_UDP) {
                 return false;
             }
             l3 + (vihl as usize & 0xf) * 4
         }
-        0x86dd => {
-            if d.get(l3 + 6) != Some(&17) {
+        eth::ETHERTYPE_IPV6 => {
+            if d.get(l3 + 6) != Some(&ipv4::PROTO_UDP) {
                 return false;
             }
-            l3 + 40
+            l3 + ipv6::HEADER_LEN
         }
         _ => return false,
     };
-    d.get(udp + 2..udp + 4)
-        .is_some_and(|p| u16::from_be_bytes([p[0], p[1]]) == ROCEV2_UDP_PORT)
+    d.get(l4 + 2..l4 + 4)
+        .is_some_and(|p| u16::from_be_bytes([p[0], p[1]]) == udp::ROCEV2_PORT)
 }
 
 impl<Q: PortQueue> Handler<Q> for Appliance<Q::Buf> {

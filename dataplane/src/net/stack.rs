@@ -29,12 +29,8 @@ use smoltcp::wire::{
 };
 use std::net::IpAddr;
 
-const ETHERTYPE_IPV4: u16 = 0x0800;
-const ETHERTYPE_ARP: u16 = 0x0806;
-const ETHERTYPE_IPV6: u16 = 0x86dd;
-const ETHERTYPE_VLAN: u16 = 0x8100;
-/// The RoCEv2 UDP destination port.
-pub const ROCEV2_UDP_PORT: u16 = 4791;
+use wire::eth::{ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
+use wire::udp::ROCEV2_PORT as ROCEV2_UDP_PORT;
 /// How often configured neighbours are checked and re-resolved.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// ICMP echo header length (type, code, checksum, ident, sequence).

@@ -240,6 +240,29 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// Copies `src` to the region at offset `off`, one the responder's checks resolved
+    /// ([`MrTable::check_remote`]): no address arithmetic again, only the bound.
+    #[inline]
+    pub fn write_at(&mut self, off: usize, src: &[u8]) -> Result<(), MrError> {
+        if off
+            .checked_add(src.len())
+            .is_none_or(|end| end > self.len())
+        {
+            return Err(MrError::OutOfBounds);
+        }
+        self.mem.write(off, src);
+        Ok(())
+    }
+
+    /// Applies an atomic to the word at offset `off`, one the responder's checks resolved
+    /// (aligned, inside); returns its original value.
+    pub fn atomic_at(&mut self, off: usize, op: AtomicOp) -> Result<u64, MrError> {
+        if off.checked_add(8).is_none_or(|end| end > self.len()) {
+            return Err(MrError::OutOfBounds);
+        }
+        Ok(self.mem.atomic(off, op))
+    }
+
     /// Applies an atomic to the word at `va` (8-byte aligned); returns its original value.
     pub fn atomic(&mut self, va: u64, op: AtomicOp) -> Result<u64, MrError> {
         if !va.is_multiple_of(8) {
@@ -551,6 +574,29 @@ mod tests {
         assert_eq!(
             t.check_remote(pd, a, 0x9004, 8, Access::REMOTE_ATOMIC),
             Err(MrError::Misaligned)
+        );
+    }
+
+    #[test]
+    fn writes_and_atomics_at_a_resolved_offset_stay_inside_the_region() {
+        let (mut t, pd) = table();
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let k = t
+            .register(pd, 0x1000, Box::new(vec![0u8; 64]), all)
+            .unwrap();
+        let off = t
+            .check_remote(pd, k, 0x1030, 16, Access::REMOTE_WRITE)
+            .unwrap();
+        let r = t.get_mut(k).unwrap();
+        r.write_at(off, &[7; 16]).unwrap();
+        assert_eq!(r.to_vec(0x1030, 16).unwrap(), vec![7; 16]);
+        assert_eq!(r.write_at(off, &[7; 17]), Err(MrError::OutOfBounds));
+        assert_eq!(r.write_at(usize::MAX, &[1]), Err(MrError::OutOfBounds));
+        assert_eq!(r.atomic_at(8, AtomicOp::FetchAdd(2)), Ok(0));
+        assert_eq!(r.atomic_at(8, AtomicOp::FetchAdd(2)), Ok(2));
+        assert_eq!(
+            r.atomic_at(57, AtomicOp::FetchAdd(2)),
+            Err(MrError::OutOfBounds)
         );
     }
 

@@ -14,6 +14,8 @@ pub const VLAN_TAG_LEN: usize = 4;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 /// IPv6.
 pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
 /// 802.1Q.
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
 

@@ -10,10 +10,10 @@
 //! [`packet::PacketInfo`] and the transmit build that writes every header in place in front of a
 //! payload. Nothing here allocates, and errors are values.
 //!
-//! ARP, ICMP and ICMPv6 with neighbour discovery ([`arp`], [`icmpv4`], [`icmpv6`]) are smoltcp's
-//! `wire` types, re-exported: a well-kept, allocation-free, fuzzed implementation we need not
-//! write again. The L2-L4 headers here ([`eth`], [`ipv4`], [`ipv6`], [`udp`]) are our own because
-//! they carry what RoCE needs and smoltcp's Reprs do not (DSCP and ECN, IPv4 identification and
+//! ARP, ICMP and ICMPv6 with neighbour discovery are not here: the appliance's IP stack
+//! (dataplane's `net`) takes them from smoltcp's `wire` directly. The L2-L4 headers here
+//! ([`eth`], [`ipv4`], [`ipv6`], [`udp`]) are our own because they carry what RoCE needs and
+//! smoltcp's Reprs do not (DSCP and ECN, IPv4 identification and
 //! flags, the flow label), so that a parsed RoCE packet re-emits byte for byte.
 //!
 //! This crate is the bottom floor of ferroce (ARCHITECTURE.md): it names no other part of it and
@@ -31,15 +31,12 @@ pub mod crc;
 pub mod hint;
 
 pub mod aeth;
-pub mod arp;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
 pub mod cnp;
 pub mod deth;
 pub mod eth;
-pub mod icmpv4;
-pub mod icmpv6;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;

@@ -431,7 +431,9 @@ pub struct RcQp {
     // Responder.
     rq: VecDeque<RecvWr>,
     recv_cur: Option<(RecvWr, u64)>,
-    write_cur: Option<(u32, u64)>,
+    /// The WRITE in progress: its region's key and the offset in it of the next byte (as the
+    /// check chain resolved it at the first packet).
+    write_cur: Option<(u32, usize)>,
     write_len: u32,
     /// Bytes of the WRITE in progress not yet received (its DMA length less what came).
     write_left: u32,

@@ -307,15 +307,17 @@ impl RcQp {
         } else if o.has(mask::WRITE) {
             self.counters.rx_write_requests += 1;
             if let Some(r) = req.reth {
-                self.write_cur = Some((r.rkey, r.va));
+                // Where the check chain resolved the RETH's address: the message's bytes
+                // land from there, packet after packet, without resolving it again.
+                self.write_cur = Some((r.rkey, off));
                 self.write_len = r.dma_len;
                 self.write_left = r.dma_len;
-                debug_assert!(mrs.get(r.rkey).is_ok_and(|m| m.offset(r.va, 0) == Ok(off)));
             }
-            let Some((rkey, va)) = self.write_cur else {
+            let Some((rkey, at)) = self.write_cur else {
                 return;
             };
-            match mrs.get_mut(rkey).and_then(|m| m.write(va, payload)) {
+            // By key still: a region deregistered mid-message stops the WRITE.
+            match mrs.get_mut(rkey).and_then(|m| m.write_at(at, payload)) {
                 Ok(()) => {}
                 Err(_) => {
                     self.push_ack(info.psn, Syndrome::Nak(NakCode::RemoteAccessError));
@@ -323,7 +325,7 @@ impl RcQp {
                     return;
                 }
             }
-            self.write_cur = Some((rkey, va + payload.len() as u64));
+            self.write_cur = Some((rkey, at + payload.len()));
             self.write_left -= payload.len() as u32; // the checks held it to write_left
             self.in_message = if o.has(mask::LAST) {
                 InMessage::None
@@ -370,7 +372,7 @@ impl RcQp {
             } else {
                 AtomicOp::FetchAdd(a.swap_add)
             };
-            let Ok(orig) = mrs.get_mut(a.rkey).and_then(|m| m.atomic(a.va, aop)) else {
+            let Ok(orig) = mrs.get_mut(a.rkey).and_then(|m| m.atomic_at(off, aop)) else {
                 return;
             };
             if self.replay.is_full() {

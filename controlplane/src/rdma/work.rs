@@ -1,0 +1,194 @@
+//! Work on the QPs: posts, completions, and the perftest runs on the lcores.
+
+use super::*;
+
+impl Rdma {
+    /// Posts a send work request.
+    pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), RdmaError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, move |h, now| h.dev.post_send(qpn, wr, now))?
+            .map_err(|e| RdmaError::conflict("post_refused", e.to_string()))
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), RdmaError> {
+        let l = self.lcore_of(qpn)?;
+        self.ask(l, move |h, _| h.dev.post_recv(qpn, wr))?
+            .map_err(|e| RdmaError::conflict("post_refused", e.to_string()))
+    }
+
+    /// Takes up to `max` completions of each kind from a QP's own CQs, waiting up to `wait`
+    /// for the first; refused for a QP whose completions go to a created CQ.
+    pub fn poll_cq(
+        &self,
+        qpn: u32,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Vec<WorkCompletion>, Vec<WorkCompletion>), RdmaError> {
+        let meta = self
+            .qps
+            .lock()
+            .expect("qp table")
+            .get(&qpn)
+            .cloned()
+            .ok_or_else(|| RdmaError::not_found(format!("no QP {qpn}")))?;
+        if let Some(c) = meta.cqs.iter().flatten().next() {
+            return Err(RdmaError::conflict(
+                "cq_bound",
+                format!("QP {qpn}'s completions go to CQ {c}: poll /v1/cqs/{c}/completions"),
+            ));
+        }
+        let l = meta.lcore;
+        let deadline = Instant::now() + wait;
+        loop {
+            let (s, r) = self.ask(l, move |h, _| h.dev.poll_cq(qpn, max))?;
+            if !s.is_empty() || !r.is_empty() || Instant::now() >= deadline {
+                return Ok((s, r));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Posts `count` copies of `wr` on the QP's lcore, `depth` outstanding; waits for them.
+    pub fn stream(
+        &self,
+        qpn: u32,
+        wr: SendWr,
+        count: u64,
+        depth: usize,
+        duration: Option<Duration>,
+        wait: Duration,
+    ) -> Result<StreamResult, RdmaError> {
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(qpn, "stream", codes, wait, move |h, now, reply| {
+            let shape = (count, depth, duration);
+            h.tests.stream(&mut h.dev, now, qpn, wr, shape, reply)
+        })
+    }
+
+    /// Receives `count` messages on the QP's lcore, `posted` receives of `recv` already
+    /// there, or counts arrivals for `duration` (see `Tests::recv_stream`); waits up
+    /// to `wait`.
+    pub fn recv_stream(
+        &self,
+        qpn: u32,
+        recv: RecvWr,
+        count: u64,
+        posted: u64,
+        duration: Option<Duration>,
+        wait: Duration,
+    ) -> Result<StreamResult, RdmaError> {
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(qpn, "receive stream", codes, wait, move |h, now, reply| {
+            let shape = (count, posted, duration);
+            h.tests
+                .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
+        })
+    }
+
+    /// Receive streams on several QPs of one lcore at once (see `Tests::recv_streams`).
+    pub fn recv_streams(
+        &self,
+        qpns: Vec<u32>,
+        recv: RecvWr,
+        count: u64,
+        posted: u64,
+        duration: Option<Duration>,
+        wait: Duration,
+    ) -> Result<StreamResult, RdmaError> {
+        let first = self.one_lcore(qpns.iter().copied(), "receive stream")?;
+        let codes = ("stream_refused", "stream_ended");
+        self.run_test(
+            first,
+            "receive stream",
+            codes,
+            wait,
+            move |h, now, reply| {
+                let shape = (count, posted, duration);
+                h.tests
+                    .recv_streams(&mut h.dev, now, qpns, recv, shape, reply)
+            },
+        )
+    }
+
+    /// Runs one of perftest's latency tests on the QP's lcore (see `Tests::latency`):
+    /// `iters` iterations or, with a `duration`, that long; waits up to `wait` for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn latency_test(
+        &self,
+        qpn: u32,
+        kind: LatKind,
+        wr: SendWr,
+        iters: u64,
+        duration: Option<Duration>,
+        server: bool,
+        wait: Duration,
+    ) -> Result<LatResult, RdmaError> {
+        let codes = ("test_refused", "test_ended");
+        self.run_test(qpn, "latency test", codes, wait, move |h, now, reply| {
+            let test = (kind, wr, server);
+            h.tests
+                .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
+        })
+    }
+
+    /// Hands a test (`make` builds its command around the reply channel) to the QP's lcore
+    /// and waits up to `wait` for its result; `what` names it in errors, `codes` are the
+    /// error codes for a refused test and for one whose QP went away.
+    pub(super) fn run_test<T: Send + 'static>(
+        &self,
+        qpn: u32,
+        what: &str,
+        codes: (&'static str, &'static str),
+        wait: Duration,
+        f: impl FnOnce(&mut Shard, dataplane::Instant, Reply<T>) + Send + 'static,
+    ) -> Result<T, RdmaError> {
+        let l = self.lcore_of(qpn)?;
+        let (tx, rx) = bounded(1);
+        self.lcores[l]
+            .send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::test(
+                tx, f,
+            ))))
+            .map_err(|_| RdmaError::internal("lcore_unavailable", "the lcore has stopped"))?;
+        match rx.recv_timeout(wait) {
+            Ok(r) => r.map_err(|e| RdmaError::conflict(codes.0, e.to_string())),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(RdmaError::internal(
+                "timeout",
+                format!("the {what} did not finish in {wait:?}"),
+            )),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RdmaError::conflict(
+                codes.1,
+                format!("the QP was destroyed (or the node stopped) before the {what} finished"),
+            )),
+        }
+    }
+
+    /// Every lcore's RDMA counters.
+    /// Completion latency by opcode, every lcore's histograms added together.
+    pub fn latency(&self) -> Result<LatencyHistograms, RdmaError> {
+        let mut all = LatencyHistograms::default();
+        for l in 0..self.lcores.len() {
+            all.add(&self.ask(l, |h, _| h.dev.latencies())?);
+        }
+        Ok(all)
+    }
+
+    pub fn counters(&self) -> Result<Vec<HostCounters>, RdmaError> {
+        (0..self.lcores.len())
+            .map(|l| self.ask(l, |h, now| h.counters(now)))
+            .collect()
+    }
+
+    /// Ends every running stream and latency test on every lcore (the node is stopping):
+    /// their QPs go to ERR and each test answers its caller at once. How many QPs stopped.
+    pub fn cancel_tests(&self) -> Result<usize, RdmaError> {
+        (0..self.lcores.len())
+            .map(|l| self.ask(l, |h, now| h.tests.cancel(&mut h.dev, now)))
+            .sum()
+    }
+
+    /// The DCQCN line rate QPs start at.
+    pub fn line_bps(&self) -> f64 {
+        self.line_bps
+    }
+}
