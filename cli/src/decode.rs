@@ -102,7 +102,7 @@ fn ecn_text(e: Ecn) -> &'static str {
 }
 
 /// One packet as a line of text.
-fn text_line(no: u64, t: Duration, frame: &[u8], p: &PacketInfo, icrc_ok: bool) -> String {
+fn text_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> String {
     let mut s = format!(
         "{no:>6} {:>12.6} {} -> {} sport {} {} QP={:#08x} PSN={} AckReq={}",
         t.as_secs_f64(),
@@ -123,33 +123,33 @@ fn text_line(no: u64, t: Duration, frame: &[u8], p: &PacketInfo, icrc_ok: bool) 
     if let Some(v) = p.vlan {
         let _ = write!(s, " VLAN={} PCP={}", v.vid, v.pcp);
     }
-    if let Some(d) = p.deth(frame) {
+    if let Some(d) = p.ext.deth() {
         let _ = write!(s, " DETH qkey={:#010x} srcQP={:#08x}", d.qkey, d.src_qp);
     }
-    if let Some(r) = p.reth(frame) {
+    if let Some(r) = p.ext.reth() {
         let _ = write!(
             s,
             " RETH va={:#x} rkey={:#x} len={}",
             r.va, r.rkey, r.dma_len
         );
     }
-    if let Some(a) = p.atomic_eth(frame) {
+    if let Some(a) = p.ext.atomic_eth() {
         let _ = write!(
             s,
             " AtomicETH va={:#x} rkey={:#x} swap_add={:#x} compare={:#x}",
             a.va, a.rkey, a.swap_add, a.compare
         );
     }
-    if let Some(a) = p.aeth(frame) {
+    if let Some(a) = p.ext.aeth() {
         let _ = write!(s, " AETH {} MSN={}", syndrome_text(a.syndrome), a.msn);
     }
-    if let Some(a) = p.atomic_ack(frame) {
+    if let Some(a) = p.ext.atomic_ack() {
         let _ = write!(s, " AtomicAckETH orig={:#x}", a.orig);
     }
-    if let Some(i) = p.immdt(frame) {
+    if let Some(i) = p.ext.immdt() {
         let _ = write!(s, " ImmDt={i:#010x}");
     }
-    if let Some(r) = p.ieth(frame) {
+    if let Some(r) = p.ext.ieth() {
         let _ = write!(s, " IETH rkey={r:#x}");
     }
     if p.op.has(wire::opcode::mask::PAYLOAD) {
@@ -164,13 +164,7 @@ fn text_line(no: u64, t: Duration, frame: &[u8], p: &PacketInfo, icrc_ok: bool) 
     s
 }
 
-fn json_line(
-    no: u64,
-    t: Duration,
-    frame: &[u8],
-    p: &PacketInfo,
-    icrc_ok: bool,
-) -> serde_json::Value {
+fn json_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> serde_json::Value {
     let mut v = json!({
         "frame": no, "time": t.as_secs_f64(), "src": p.src_ip.to_string(), "dst": p.dst_ip.to_string(),
         "udp_sport": p.udp_src, "opcode": p.opcode, "opcode_name": p.op.name, "dest_qp": p.dest_qp,
@@ -181,26 +175,26 @@ fn json_line(
     if let Some(t) = p.vlan {
         v["vlan"] = json!({"vid": t.vid, "pcp": t.pcp});
     }
-    if let Some(r) = p.reth(frame) {
+    if let Some(r) = p.ext.reth() {
         v["reth"] = json!({"va": r.va, "rkey": r.rkey, "dma_len": r.dma_len});
     }
-    if let Some(a) = p.aeth(frame) {
+    if let Some(a) = p.ext.aeth() {
         v["aeth"] = json!({"syndrome": a.syndrome.to_byte(), "text": syndrome_text(a.syndrome), "msn": a.msn});
     }
-    if let Some(a) = p.atomic_eth(frame) {
+    if let Some(a) = p.ext.atomic_eth() {
         v["atomic_eth"] =
             json!({"va": a.va, "rkey": a.rkey, "swap_add": a.swap_add, "compare": a.compare});
     }
-    if let Some(a) = p.atomic_ack(frame) {
+    if let Some(a) = p.ext.atomic_ack() {
         v["atomic_ack"] = json!({"orig": a.orig});
     }
-    if let Some(d) = p.deth(frame) {
+    if let Some(d) = p.ext.deth() {
         v["deth"] = json!({"qkey": d.qkey, "src_qp": d.src_qp});
     }
-    if let Some(i) = p.immdt(frame) {
+    if let Some(i) = p.ext.immdt() {
         v["immdt"] = json!(i);
     }
-    if let Some(r) = p.ieth(frame) {
+    if let Some(r) = p.ext.ieth() {
         v["ieth"] = json!(r);
     }
     v
@@ -335,9 +329,9 @@ pub fn decode(path: &Path, json_out: bool, out: &mut dyn Write) -> Result<Summar
         }
         *sum.by_opcode.entry(info.op.name).or_default() += 1;
         let line = if json_out {
-            json_line(sum.frames, t, frame, &info, icrc_ok).to_string()
+            json_line(sum.frames, t, &info, icrc_ok).to_string()
         } else {
-            text_line(sum.frames, t, frame, &info, icrc_ok)
+            text_line(sum.frames, t, &info, icrc_ok)
         };
         if let Err(e) = writeln!(out, "{line}") {
             werr.get_or_insert(e);

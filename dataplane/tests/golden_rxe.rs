@@ -50,7 +50,7 @@ fn check_capture(name: &str) -> Seen {
         seen.roce += 1;
         seen.opcodes.insert(info.opcode);
         seen.dest_qps.insert(info.dest_qp);
-        if let Some(a) = info.aeth(frame) {
+        if let Some(a) = info.ext.aeth() {
             seen.syndromes.insert(a.syndrome.to_byte());
         }
         match info.ecn {
@@ -278,7 +278,7 @@ fn ud_pingpong_datagrams_through_a_ud_qp() {
             continue;
         }
         datagrams += 1;
-        let deth = info.deth(&f).unwrap();
+        let deth = info.ext.deth().unwrap();
         let payload = info.payload(&f).to_vec();
         // Receive it.
         let (mut qp, mut mrs, key) = ud_qp(info.dest_qp, 0);

@@ -15,13 +15,13 @@ fuzz_target!(|frame: &[u8]| {
     // Structure only, then everything: both paths must be panic-free.
     let _ = parse(frame, Checks::ALL);
     let Ok(info) = parse(frame, Checks::NONE) else { return };
-    let _ = info.reth(frame);
-    let _ = info.aeth(frame);
-    let _ = info.atomic_eth(frame);
-    let _ = info.atomic_ack(frame);
-    let _ = info.deth(frame);
-    let _ = info.immdt(frame);
-    let _ = info.ieth(frame);
+    let _ = info.ext.reth();
+    let _ = info.ext.aeth();
+    let _ = info.ext.atomic_eth();
+    let _ = info.ext.atomic_ack();
+    let _ = info.ext.deth();
+    let _ = info.ext.immdt();
+    let _ = info.ext.ieth();
     let Ok(repr) = RoceRepr::parse(frame, &info) else { return };
     let plen = info.payload_len as usize;
     let mut out = vec![0u8; repr.frame_len(plen)];

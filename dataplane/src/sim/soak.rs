@@ -568,8 +568,8 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         p.dest_qp,
                         p.op.name,
                         p.psn.value(),
-                        p.aeth(&f).map(|a| a.syndrome),
-                        p.reth(&f).map(|r| (r.va, r.dma_len))
+                        p.ext.aeth().map(|a| a.syndrome),
+                        p.ext.reth().map(|r| (r.va, r.dma_len))
                     );
                 }
                 let s = &mut sides[to.0 as usize];

@@ -87,7 +87,7 @@ impl RcQp {
             }
             return;
         }
-        let syndrome = info.aeth(frame).map(|a| a.syndrome);
+        let syndrome = info.ext.aeth().map(|a| a.syndrome);
         match syndrome {
             Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
                 self.counters.packet_seq_err += 1;
@@ -187,7 +187,7 @@ impl RcQp {
                 }
                 return;
             }
-            if let Some(a) = info.atomic_ack(frame) {
+            if let Some(a) = info.ext.atomic_ack() {
                 if scatter(mrs, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
                     self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                     return;

@@ -652,7 +652,6 @@ impl RcQp {
         recv_cq: &mut CompletionQueue,
     ) {
         self.now = self.now.max(now);
-        let info = *info;
         if info.dest_qp != self.qpn {
             return;
         }
@@ -667,7 +666,7 @@ impl RcQp {
         }
         self.counters.rcvd_pkts += 1;
         if self.cfg.qp_type == QpType::Ud {
-            self.receive_datagram(&info, frame, mrs, send_cq, recv_cq);
+            self.receive_datagram(info, frame, mrs, send_cq, recv_cq);
             return;
         }
         if info.opcode == op::CNP {
@@ -683,10 +682,10 @@ impl RcQp {
                 self.cfg.state,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
             ) {
-                self.respond(&info, frame, mrs, send_cq, recv_cq);
+                self.respond(info, frame, mrs, send_cq, recv_cq);
             }
         } else if info.op.has(mask::ACK) {
-            self.complete(&info, frame, mrs, send_cq, recv_cq);
+            self.complete(info, frame, mrs, send_cq, recv_cq);
         }
     }
 

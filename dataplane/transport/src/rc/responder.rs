@@ -174,8 +174,8 @@ impl RcQp {
             opcode: info.opcode,
             psn: info.psn,
             payload_len: info.payload_len as u32,
-            reth: info.reth(frame),
-            atomic: info.atomic_eth(frame),
+            reth: info.ext.reth(),
+            atomic: info.ext.atomic_eth(),
         };
         let st = ResponderState {
             expected: self.cfg.rq_psn,
@@ -299,8 +299,8 @@ impl RcQp {
                     len as u32,
                     self.qpn,
                 );
-                c.imm_data = info.immdt(frame);
-                c.invalidated_rkey = info.ieth(frame);
+                c.imm_data = info.ext.immdt();
+                c.invalidated_rkey = info.ext.ieth();
                 let _ = recv_cq.push(c);
                 self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
             }
@@ -334,7 +334,7 @@ impl RcQp {
             };
             if o.has(mask::LAST) {
                 self.write_cur = None;
-                if let Some(imm) = info.immdt(frame)
+                if let Some(imm) = info.ext.immdt()
                     && let Some(w) = self.rq.pop_front()
                 {
                     let mut c = wc(

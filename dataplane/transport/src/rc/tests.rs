@@ -439,7 +439,7 @@ fn rkey_violation_naks_errors_and_flushes() {
 
 fn syndrome_of(f: &[u8]) -> Option<u8> {
     let p = parse(f, Checks::ALL).ok()?;
-    p.aeth(f).map(|a| a.syndrome.to_byte())
+    p.ext.aeth().map(|a| a.syndrome.to_byte())
 }
 
 fn opcode_of(f: &[u8]) -> Option<u8> {
@@ -1102,7 +1102,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
     let end = pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         let info = parse(f, Checks::ALL).unwrap();
         if from == 0 {
-            let r = info.reth(f).unwrap();
+            let r = info.ext.reth().unwrap();
             requests.push((info.psn.value(), r.dma_len));
             return false;
         }
@@ -1879,7 +1879,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
     assert_eq!(info.opcode, op::UD_SEND_ONLY);
     assert!(!info.ack_req);
     assert_eq!((info.dest_qp, info.psn), (0x24, Psn::new(0x100)));
-    let d = info.deth(&frames[0]).unwrap();
+    let d = info.ext.deth().unwrap();
     assert_eq!((d.qkey, d.src_qp), (QKEY, 0x13));
     let sent = polled(&mut a.scq);
     assert_eq!(

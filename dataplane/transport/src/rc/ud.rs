@@ -125,7 +125,7 @@ impl RcQp {
         {
             return;
         }
-        let Some(d) = info.deth(frame) else {
+        let Some(d) = info.ext.deth() else {
             return;
         };
         if d.qkey != self.cfg.qkey {
@@ -164,7 +164,7 @@ impl RcQp {
             (UD_GRH_LEN + payload.len()) as u32,
             self.qpn,
         );
-        c.imm_data = info.immdt(frame);
+        c.imm_data = info.ext.immdt();
         c.src_qp = Some(d.src_qp);
         let _ = recv_cq.push(c);
     }
