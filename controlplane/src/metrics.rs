@@ -248,7 +248,7 @@ fn lcores(f: &Families, st: &ApiState) -> Result<(), String> {
 
 fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
     let mut families = Vec::new();
-    for (name, _) in HostCounters::default().qp.named() {
+    for (name, _) in HostCounters::default().dev.qp.named() {
         families.push(f.counter(
             &format!("ferroce_{name}_total"),
             rdma_help(name),
@@ -257,7 +257,7 @@ fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
     }
     for (i, h) in hosts.iter().enumerate() {
         let l = i.to_string();
-        for (c, (_, v)) in families.iter().zip(h.qp.named()) {
+        for (c, (_, v)) in families.iter().zip(h.dev.qp.named()) {
             c.with_label_values(&[l.as_str()]).inc_by(v);
         }
     }
@@ -306,9 +306,9 @@ fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
             .inc_by(h.handoff_drops);
         for (k, s) in QpState::ALL.iter().enumerate() {
             qps.with_label_values(&[l, s.name()])
-                .set(h.qp_states[k] as i64);
+                .set(h.dev.qp_states[k] as i64);
         }
-        let d = &h.dcqcn;
+        let d = &h.dev.dcqcn;
         dq.with_label_values(&[l]).set(d.qps as i64);
         dl.with_label_values(&[l]).set(d.limited as i64);
         dsum.with_label_values(&[l]).set(d.sum_rate_bps / 8.0);

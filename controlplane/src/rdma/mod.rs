@@ -497,11 +497,13 @@ impl Rdma {
 /// An lcore's RDMA counters as JSON: the QP counters under their rxe/mlx5 names, summed, and
 /// the handoffs.
 pub fn host_counters_json(h: &HostCounters) -> serde_json::Map<String, serde_json::Value> {
-    let mut m: serde_json::Map<String, serde_json::Value> =
-        h.qp.named()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.into()))
-            .collect();
+    let mut m: serde_json::Map<String, serde_json::Value> = h
+        .dev
+        .qp
+        .named()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect();
     m.insert("handoffs".into(), h.handoffs.into());
     m.insert("handoff_drops".into(), h.handoff_drops.into());
     m

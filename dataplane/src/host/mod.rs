@@ -28,9 +28,8 @@ use crate::port::{Burst, PortQueue};
 use crate::time::Instant;
 use crate::wire::packet::{Checks, parse};
 use crossbeam_channel::Sender;
-use transport::device::{DcqcnSummary, Device, Transmit};
+use transport::device::{Device, DeviceCounters, Transmit};
 use transport::perftest::{Reply, TestError, Tests};
-use transport::rc::QpCounters;
 
 pub use transport::device::{QPN_QUARANTINE, QPN_SHARD_SHIFT, shard_of};
 
@@ -58,13 +57,10 @@ pub struct Shard {
 impl Shard {
     /// What the lcore reports: its device's counters at `now` and its handoffs.
     pub fn counters(&self, now: Instant) -> HostCounters {
-        let d = self.dev.counters(now);
         HostCounters {
-            qp: d.qp,
+            dev: self.dev.counters(now),
             handoffs: self.handoffs,
             handoff_drops: self.handoff_drops,
-            qp_states: d.qp_states,
-            dcqcn: d.dcqcn,
         }
     }
 }
@@ -72,16 +68,12 @@ impl Shard {
 /// What an lcore's host reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostCounters {
-    /// Its QPs' counters summed (destroyed QPs included).
-    pub qp: QpCounters,
+    /// Its device's: the QPs' counters (destroyed QPs included), states and DCQCN.
+    pub dev: DeviceCounters,
     /// Frames it handed to the lcore owning their QP.
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
     pub handoff_drops: u64,
-    /// Its QPs now, by state (indexed as [`QpState::ALL`](transport::qp::QpState::ALL)).
-    pub qp_states: [u32; 7],
-    /// Its QPs under DCQCN now.
-    pub dcqcn: DcqcnSummary,
 }
 
 type Job = Box<dyn FnOnce(&mut Shard, Instant) + Send>;
@@ -197,7 +189,9 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
-    /// Events to the tests, then what the ready QPs have to send.
+    /// The device's events to the tests (what the iteration's frames, timers or command did
+    /// to their QPs: once per QP however many frames it took), then what the ready QPs have
+    /// to send. Events that sending raises wait for the next iteration.
     fn flush<Q: PortQueue<Buf = B>>(&mut self, io: &mut Io<'_, Q>) {
         let now = io.now;
         let s = &mut self.shard;
@@ -208,7 +202,6 @@ impl<B: PacketBuf> RdmaHost<B> {
                 spare: &mut self.spare,
             };
             s.dev.transmit(now, TX_PER_POLL, &mut tx);
-            s.tests.handle_events(&mut s.dev, now);
         }
     }
 }
@@ -282,8 +275,6 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
             }
             self.deliver(now, info, buf, io);
         }
-        let s = &mut self.shard;
-        s.tests.handle_events(&mut s.dev, now);
     }
 
     fn on_poll(&mut self, io: &mut Io<'_, Q>) {
@@ -298,7 +289,6 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
             }
         }
         let s = &mut self.shard;
-        s.tests.handle_events(&mut s.dev, now);
         s.tests.poll(&mut s.dev, now);
         s.dev.handle_timeouts(now);
         self.flush(io);

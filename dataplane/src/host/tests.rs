@@ -142,8 +142,8 @@ fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
     }
     // The lcores' counters, destroyed QPs included: 1 MiB WRITE at three MTUs, three READs
     // and three fetch-and-adds, and every frame one side sent the other received.
-    let ca = ask(a, |h, now| h.counters(now)).unwrap().qp;
-    let cb = ask(b, |h, now| h.counters(now)).unwrap().qp;
+    let ca = ask(a, |h, now| h.counters(now)).unwrap().dev.qp;
+    let cb = ask(b, |h, now| h.counters(now)).unwrap().dev.qp;
     assert_eq!(cb.rx_write_requests, 1024 + 256 + 4096);
     assert_eq!((cb.rx_atomic_requests, ca.rx_read_requests), (3, 3));
     assert_eq!((ca.sent_pkts, cb.sent_pkts), (cb.rcvd_pkts, ca.rcvd_pkts));
@@ -255,8 +255,8 @@ fn two_lcores_over_impaired_links_recover_everything() {
     for mtu in [Mtu::M1024, Mtu::M4096] {
         pair_check(a, b, mtu).unwrap();
     }
-    let ca = ask(a, |h, now| h.counters(now)).unwrap().qp;
-    let cb = ask(b, |h, now| h.counters(now)).unwrap().qp;
+    let ca = ask(a, |h, now| h.counters(now)).unwrap().dev.qp;
+    let cb = ask(b, |h, now| h.counters(now)).unwrap().dev.qp;
     let st = &handles[0].stats.tx;
     assert!(st.lost.get() > 0 && st.duplicated.get() > 0 && st.reordered.get() > 0);
     // The losses were repaired by retransmission, and duplicates were recognised.

@@ -246,20 +246,19 @@ impl Device {
         self.shard << QPN_SHARD_SHIFT | index
     }
 
+    /// The table index a QP or CQ number of this shard names (None: another shard's).
+    fn local(&self, n: u32) -> Option<usize> {
+        (shard_of(n) == self.shard).then_some((n & ((1 << QPN_SHARD_SHIFT) - 1)) as usize)
+    }
+
     fn cq_index(&self, cqn: u32) -> Option<usize> {
-        if shard_of(cqn) != self.shard {
-            return None;
-        }
-        let i = (cqn & ((1 << QPN_SHARD_SHIFT) - 1)) as usize;
+        let i = self.local(cqn)?;
         self.cqs.get(i)?.as_ref().map(|_| i)
     }
 
     /// The slot of QP `qpn`, if it is here.
     pub fn index(&self, qpn: u32) -> Option<usize> {
-        if shard_of(qpn) != self.shard {
-            return None;
-        }
-        let i = (qpn & ((1 << QPN_SHARD_SHIFT) - 1)) as usize;
+        let i = self.local(qpn)?;
         self.slots.get(i)?.as_ref().map(|_| i)
     }
 
