@@ -150,11 +150,7 @@ pub(super) async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         qps.push((t.qpn, send_wr(&b.wr)?));
     }
     let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
-    let r = blocking(move || s.rdma.streams(qps, count, depth, duration, wait)).await?;
-    ok(
-        json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
-              "best_ns_per_wr": Some(r.best_ns_per_wr).filter(|b| b.is_finite())}),
-    )
+    stream_result(blocking(move || s.rdma.streams(qps, count, depth, duration, wait)).await?)
 }
 
 #[derive(Deserialize)]
@@ -222,6 +218,8 @@ impl RecvStreamBody {
     }
 }
 
+/// A stream's result as the API answers it (one shape for `/stream`, `/v1/streams` and the
+/// receive streams).
 pub(super) fn stream_result(r: dataplane::transport::perftest::StreamResult) -> Reply {
     let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
     ok(
@@ -370,9 +368,5 @@ pub(super) async fn qp_stream(
         Ok::<_, ApiError>(s.rdma.stream(qpn, wr, count, depth, duration, wait)?)
     })
     .await?;
-    let best = Some(r.best_ns_per_wr).filter(|b| b.is_finite());
-    ok(
-        json!({"completed": r.completed, "errors": r.errors, "elapsed_ns": r.elapsed_ns,
-              "best_ns_per_wr": best}),
-    )
+    stream_result(r)
 }

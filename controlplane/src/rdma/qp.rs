@@ -302,10 +302,7 @@ impl Rdma {
         let mut q = self
             .ask(l, move |h, now| h.dev.query(qpn, now))?
             .ok_or_else(|| RdmaError::not_found(format!("no QP {qpn}")))?;
-        if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            // Before RTS its send PSN is the one it will start with unless told another.
-            q.cfg.sq_psn = Psn::new(self.local_psn(qpn, None)?);
-        }
+        starts_at(&mut q, self.local_psn(qpn, None)?);
         Ok((l, q))
     }
 
@@ -321,10 +318,7 @@ impl Rdma {
         // Only QPs the node knows (one being created is not listed until it is).
         all.retain(|(qpn, _, _)| t.contains_key(qpn));
         for (qpn, _, q) in all.iter_mut() {
-            if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                // As in `query_qp`: before RTS its send PSN is the one it will start with.
-                q.cfg.sq_psn = Psn::new(t[qpn].psn);
-            }
+            starts_at(q, t[qpn].psn);
         }
         all.sort_by_key(|(qpn, _, _)| *qpn);
         Ok(all)
@@ -606,5 +600,13 @@ impl Rdma {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Before RTS a QP's send PSN, as queried, is `psn`: the one it will start with unless told
+/// another.
+fn starts_at(q: &mut QpQuery, psn: u32) {
+    if matches!(q.cfg.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        q.cfg.sq_psn = Psn::new(psn);
     }
 }
