@@ -382,6 +382,34 @@ def run_case(vm, c):
     return out
 
 
+def peer_side_failure(vm, c, results):
+    """Why a failed case's rows are the peer's doing, not ferroce's, if they are: (what
+    happened, what its rerun rows say, whether the VM must restart first), or None. Each is
+    in tests/interop/NOTES.md."""
+    if all(r[1] for r in results):
+        return None
+    if vm.nic_stalled():
+        # QEMU stopped taking the guest's frames (NETDEV WATCHDOG in its console).
+        return ("the VM's NIC stalled (NETDEV WATCHDOG in its console): restarting it",
+                "the VM's NIC had stalled", True)
+    if " -D " in c["tool"] and "_lat" in c["name"] and any(
+            not r[1] and (
+                r[0] == "ferroce client -> rxe server"
+                and re.match(r"exit 0 / (143|killed)", r[2])
+                or r[0] == "rxe client -> ferroce server"
+                and re.match(r"exit (143|killed) / 0", r[2]))
+            and check(r[3], "", True, False, True)[0] for r in results):
+        # ferroce's side (client or server) ended its window with figures; the VM's ib_*_lat
+        # never ended its own and was killed (perftest's duration loop can spin past it).
+        return ("the VM's perftest outlived its -D window",
+                "the VM's perftest outlived its -D window", False)
+    if any(not r[1] and PERFTEST_NO_CLOCK.search(r[4]) for r in results):
+        # perftest in the VM could not time itself and printed zeros.
+        return ("perftest in the VM could not calibrate its clock (r^2 < 0.9)",
+                "perftest in the VM could not time itself", False)
+    return None
+
+
 def main():
     only = None
     if "--only" in sys.argv:
@@ -401,35 +429,15 @@ def main():
                 if only and only not in c["name"]:
                     continue
                 results = run_case(vm, c)
-                if not all(r[1] for r in results) and vm.nic_stalled():
-                    # Not ferroce's doing and not the peer stack's: QEMU stopped taking the
-                    # guest's frames. A fresh VM, and the case once more, said so in its rows.
-                    print("%s: the VM's NIC stalled (NETDEV WATCHDOG in its console): restarting"
-                          " it and running the case again" % c["name"], file=sys.stderr, flush=True)
-                    vm.restart()
-                    results = [(roles + " (rerun: the VM's NIC had stalled)",) + tuple(r)
+                why = peer_side_failure(vm, c, results)
+                if why:
+                    # At most once: the rerun must pass on its own, and its rows say why.
+                    print("%s: %s: running the case again" % (c["name"], why[0]),
+                          file=sys.stderr, flush=True)
+                    if why[2]:
+                        vm.restart()
+                    results = [(roles + " (rerun: %s)" % why[1],) + tuple(r)
                                for roles, *r in run_case(vm, c)]
-                if " -D " in c["tool"] and "_lat" in c["name"] and any(
-                        not r[1] and (
-                            r[0] == "ferroce client -> rxe server"
-                            and re.match(r"exit 0 / (143|killed)", r[2])
-                            or r[0] == "rxe client -> ferroce server"
-                            and re.match(r"exit (143|killed) / 0", r[2]))
-                        and check(r[3], "", True, False, True)[0] for r in results):
-                    # ferroce's side (client or server) ended its window with figures; the VM's
-                    # ib_*_lat never ended its own and was killed (perftest's duration loop can
-                    # spin past its window: tests/interop/NOTES.md).
-                    print("%s: the VM's perftest outlived its -D window: running the case"
-                          " again" % c["name"], file=sys.stderr, flush=True)
-                    results = [(roles + " (rerun: the VM's perftest outlived its -D window)",)
-                               + tuple(r) for roles, *r in run_case(vm, c)]
-                if any(not r[1] and PERFTEST_NO_CLOCK.search(r[4]) for r in results):
-                    # Not ferroce's doing either: perftest in the VM could not time itself and
-                    # printed zeros. The case once more, said so in its rows.
-                    print("%s: perftest in the VM could not calibrate its clock (r^2 < 0.9):"
-                          " running the case again" % c["name"], file=sys.stderr, flush=True)
-                    results = [(roles + " (rerun: perftest in the VM could not time itself)",)
-                               + tuple(r) for roles, *r in run_case(vm, c)]
                 for roles, ok, why, fout, rout in results:
                     rows.append((c["name"], roles, ok, why))
                     details.append((c["name"] + ", " + roles, fout, rout))
