@@ -3,13 +3,93 @@
 
 use super::*;
 
+/// The completer's state (rxe's `comp` info): where acknowledgement stands, the READ
+/// responses placed ahead of it, the retry and RNR budgets and the two timers. The send
+/// queue it retires is the QP's own (posting appends to it, the requester reads it).
+#[derive(Debug)]
+pub(super) struct Completer {
+    /// Oldest PSN not yet acknowledged.
+    pub(super) una: Psn,
+    /// READ responses placed past `una` (for the READ at the front).
+    read_win: ReadWindow,
+    /// Retries left after timeouts and sequence NAKs (retry_cnt when something is acked).
+    pub(super) retries_left: u8,
+    /// RNR retries left (rnr_retry when something is acked; 7 = forever).
+    pub(super) rnr_left: u8,
+    /// A go-back-N is under way and nothing has been acknowledged since: acknowledgements
+    /// still in flight from before it must not start another (rxe's `started_retry`).
+    pub(super) retrying: bool,
+    /// When the local ACK timeout fires, while the QP is owed an answer.
+    pub(super) ack_deadline: Option<Instant>,
+    /// The end of the RNR wait an RNR NAK named.
+    pub(super) rnr_until: Option<Instant>,
+    /// Completion latencies (opcode, ns) not yet taken by the host.
+    pub(super) latencies: ArrayVec<(WcOpcode, u64), LATENCY_LOG>,
+}
+
+impl Completer {
+    pub(super) fn new() -> Self {
+        Completer {
+            una: Psn::new(0),
+            read_win: ReadWindow::default(),
+            retries_left: 0,
+            rnr_left: 0,
+            retrying: false,
+            ack_deadline: None,
+            rnr_until: None,
+            latencies: ArrayVec::new(),
+        }
+    }
+
+    /// The QP went to ERR: both timers stop and placed READ responses are forgotten.
+    pub(super) fn stop(&mut self) {
+        self.ack_deadline = None;
+        self.rnr_until = None;
+        self.read_win.clear();
+    }
+}
+
+/// Which READ response PSNs at or after `una` have been placed in the local buffer: a ring of
+/// [`READ_WINDOW`] bits indexed by PSN. Responses that arrive after a lost one are kept, so a
+/// READ asked again only needs its holes filled (out-of-order placement, as RNICs built for
+/// adaptive routing do); without it every lost response costs the whole rest of the READ.
+#[derive(Clone, Copy, Debug, Default)]
+struct ReadWindow([u64; (READ_WINDOW / 64) as usize]);
+
+impl ReadWindow {
+    fn bit(psn: Psn) -> (usize, u64) {
+        let i = psn.value() % READ_WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+    fn has(&self, psn: Psn) -> bool {
+        let (w, b) = Self::bit(psn);
+        self.0[w] & b != 0
+    }
+    fn set(&mut self, psn: Psn) {
+        let (w, b) = Self::bit(psn);
+        self.0[w] |= b;
+    }
+    /// From `una`, clears the placed run and returns the new oldest missing PSN.
+    fn advance(&mut self, mut una: Psn) -> Psn {
+        while self.has(una) {
+            let (w, b) = Self::bit(una);
+            self.0[w] &= !b;
+            una = una.add(1);
+        }
+        una
+    }
+    fn clear(&mut self) {
+        self.0 = [0; (READ_WINDOW / 64) as usize];
+    }
+}
+
 impl RcQp {
     /// Something was acknowledged: retries start over and the ACK timer restarts.
     pub(super) fn progress(&mut self) {
-        self.retrying = false;
-        self.retries_left = self.cfg.retry_cnt;
-        self.rnr_left = self.cfg.rnr_retry;
-        self.ack_deadline = None;
+        self.comp.retrying = false;
+        self.comp.retries_left = self.cfg.retry_cnt;
+        self.comp.rnr_left = self.cfg.rnr_retry;
+        self.comp.ack_deadline = None;
         self.arm_ack_timer();
     }
 
@@ -21,7 +101,7 @@ impl RcQp {
             && match self.cfg.state {
                 QpState::Rts => true,
                 // A draining QP starts nothing new: only what is in flight is owed.
-                QpState::Sqd => self.sent_hw.diff(self.una) > 0,
+                QpState::Sqd => self.req.sent_hw.diff(self.comp.una) > 0,
                 _ => false,
             }
     }
@@ -31,8 +111,9 @@ impl RcQp {
     /// leave (its link down, its peer gone) still times out, retries and fails with
     /// RETRY_EXC_ERR after retry_cnt tries, as an RNIC's does.
     pub(super) fn arm_ack_timer(&mut self) {
-        if self.ack_deadline.is_none() && self.rnr_until.is_none() && self.owes_progress() {
-            self.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
+        if self.comp.ack_deadline.is_none() && self.comp.rnr_until.is_none() && self.owes_progress()
+        {
+            self.comp.ack_deadline = self.cfg.ack_timeout().map(|t| self.now + t);
         }
     }
 
@@ -40,7 +121,7 @@ impl RcQp {
     pub(super) fn ack_upto(&mut self, psn: Psn, cq: &mut CompletionQueue) -> usize {
         let mut n = 0;
         for (k, w) in self.sq.iter().enumerate() {
-            let sent_whole = w.last_psn().diff(self.sent_hw) < 0;
+            let sent_whole = w.last_psn().diff(self.req.sent_hw) < 0;
             if !sent_whole || w.last_psn().diff(psn) > 0 || w.wr.op.is_read_or_atomic() {
                 break;
             }
@@ -55,8 +136,8 @@ impl RcQp {
         {
             una = w.first_psn;
         }
-        if una.diff(self.una) > 0 {
-            self.una = una;
+        if una.diff(self.comp.una) > 0 {
+            self.comp.una = una;
         }
         n
     }
@@ -71,7 +152,7 @@ impl RcQp {
     ) {
         let psn = info.psn;
         // An acknowledgement for a PSN never sent (or long acknowledged) is ignored.
-        if psn.diff(self.sent_hw) >= 0 || psn.diff(self.una) < -(1 << 22) {
+        if psn.diff(self.req.sent_hw) >= 0 || psn.diff(self.comp.una) < -(1 << 22) {
             return;
         }
         // Implied NAK: responses come back in order, so an acknowledgement of any kind for a
@@ -81,9 +162,9 @@ impl RcQp {
             && front.wr.op.is_read_or_atomic()
             && psn.diff(front.last_psn()) > 0
         {
-            if !self.retrying {
+            if !self.comp.retrying {
                 self.counters.implied_nak_seq_err += 1;
-                self.retry(self.una, cq, rcq);
+                self.retry(self.comp.una, cq, rcq);
             }
             return;
         }
@@ -93,13 +174,13 @@ impl RcQp {
                 self.counters.packet_seq_err += 1;
                 // Everything before `psn` arrived (implied ACK); go back to `psn`. If that moved
                 // the oldest unacknowledged PSN, it is progress and the retry count starts over.
-                let before = self.una;
-                if self.ack_upto(psn.sub(1), cq) > 0 || self.una.diff(before) > 0 {
+                let before = self.comp.una;
+                if self.ack_upto(psn.sub(1), cq) > 0 || self.comp.una.diff(before) > 0 {
                     self.progress();
                 }
                 // A NAK for a retry already under way (a duplicate, or one that crossed our
                 // resend) starts nothing new.
-                if !self.retrying {
+                if !self.comp.retrying {
                     self.retry(psn, cq, rcq);
                 }
                 return;
@@ -118,14 +199,14 @@ impl RcQp {
                 self.counters.rnr_nak_retry_err += 1;
                 self.ack_upto(psn.sub(1), cq);
                 if self.cfg.rnr_retry != 7 {
-                    if self.rnr_left == 0 {
+                    if self.comp.rnr_left == 0 {
                         self.fail_front(0, WcStatus::RnrRetryExcErr, cq, rcq);
                         return;
                     }
-                    self.rnr_left -= 1;
+                    self.comp.rnr_left -= 1;
                 }
                 self.rewind(psn);
-                self.rnr_until = Some(self.now + aeth::rnr_duration(timer));
+                self.comp.rnr_until = Some(self.now + aeth::rnr_duration(timer));
                 return;
             }
             _ => {}
@@ -150,12 +231,12 @@ impl RcQp {
             let w = &self.sq[0];
             let mtu = self.cfg.path_mtu.map_or(1024, |m| m.bytes()) as u64;
             if info.op.has(mask::READ) {
-                let ahead = psn.diff(self.una);
+                let ahead = psn.diff(self.comp.una);
                 if ahead < 0 || ahead as u32 >= READ_WINDOW {
                     // Already placed, or too far past a hole to keep: asked again later.
                     return;
                 }
-                if !self.read_win.has(psn) {
+                if !self.comp.read_win.has(psn) {
                     let at = psn.diff(w.first_psn) as u64 * mtu;
                     // Each response carries one MTU of the READ, the last what is left: a
                     // response longer or shorter than that is a length error (rxe's
@@ -169,9 +250,9 @@ impl RcQp {
                         self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                         return;
                     }
-                    self.read_win.set(psn);
-                    self.una = self.read_win.advance(self.una);
-                    if self.una.diff(self.sq[0].last_psn()) > 0 {
+                    self.comp.read_win.set(psn);
+                    self.comp.una = self.comp.read_win.advance(self.comp.una);
+                    if self.comp.una.diff(self.sq[0].last_psn()) > 0 {
                         self.complete_upto(1, cq);
                         self.progress();
                         return;
@@ -179,11 +260,11 @@ impl RcQp {
                     // New data placed: progress, even if it sits past a hole.
                     self.progress();
                 }
-                if info.op.has(mask::LAST) && !self.retrying {
+                if info.op.has(mask::LAST) && !self.comp.retrying {
                     // The stream ended with holes: ask again from the oldest now rather than
                     // wait for the ACK timer (rxe retries at once on a READ response gap).
                     self.counters.implied_nak_seq_err += 1;
-                    self.retry(self.una, cq, rcq);
+                    self.retry(self.comp.una, cq, rcq);
                 }
                 return;
             }
@@ -192,7 +273,7 @@ impl RcQp {
                     self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                     return;
                 }
-                self.una = psn.add(1);
+                self.comp.una = psn.add(1);
                 self.complete_upto(1, cq);
                 self.progress();
             }
@@ -200,8 +281,8 @@ impl RcQp {
         }
         // A plain ACK covers every SEND/WRITE up to `psn` that was sent whole; it is progress
         // if it completed something or moved the oldest unacknowledged PSN.
-        let before = self.una;
-        if self.ack_upto(psn, cq) > 0 || self.una.diff(before) > 0 {
+        let before = self.comp.una;
+        if self.ack_upto(psn, cq) > 0 || self.comp.una.diff(before) > 0 {
             self.progress();
         }
     }
@@ -209,21 +290,21 @@ impl RcQp {
     /// Completes the first `n` work requests successfully.
     pub(super) fn complete_upto(&mut self, n: usize, cq: &mut CompletionQueue) {
         if n > 0 {
-            self.read_win.clear();
+            self.comp.read_win.clear();
         }
         for _ in 0..n {
             let w = self.sq.pop_front().expect("n <= len");
-            if self.send_idx > 0 {
-                self.send_idx -= 1;
+            if self.req.send_idx > 0 {
+                self.req.send_idx -= 1;
             } else {
-                self.send_pkt = 0; // the cursor was inside it (after a rewind): move past it
+                self.req.send_pkt = 0; // the cursor was inside it (after a rewind): move past it
             }
             if w.wr.op.is_read_or_atomic() {
-                self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
             if w.wr.signaled {
                 let ns = self.now.saturating_since(w.posted_at).as_nanos() as u64;
-                let _ = self.latencies.try_push((w.wr.op.wc_opcode(), ns));
+                let _ = self.comp.latencies.try_push((w.wr.op.wc_opcode(), ns));
                 let len = w.len as u32;
                 let _ = cq.push(wc(
                     w.wr.wr_id,
@@ -251,7 +332,7 @@ impl RcQp {
             _ => {}
         }
         self.complete_upto(i, cq);
-        self.read_win.clear();
+        self.comp.read_win.clear();
         if let Some(w) = self.sq.pop_front() {
             let _ = cq.push(wc(w.wr.wr_id, status, w.wr.op.wc_opcode(), 0, self.qpn));
         }

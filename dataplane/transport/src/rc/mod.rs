@@ -42,7 +42,9 @@ mod requester;
 mod responder;
 mod ud;
 
-use responder::Response;
+use completer::Completer;
+use requester::Requester;
+use responder::Responder;
 
 /// Why a post was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -292,40 +294,6 @@ pub const READ_WINDOW: u32 = 256;
 /// 4 KiB (1.20x the frame rate of copying), loses at 1 KiB (0.82x) and 64 B (0.53x).
 pub const ATTACH_MIN: usize = 2048;
 
-/// Which READ response PSNs at or after `una` have been placed in the local buffer: a ring of
-/// [`READ_WINDOW`] bits indexed by PSN. Responses that arrive after a lost one are kept, so a
-/// READ asked again only needs its holes filled (out-of-order placement, as RNICs built for
-/// adaptive routing do); without it every lost response costs the whole rest of the READ.
-#[derive(Clone, Copy, Debug, Default)]
-struct ReadWindow([u64; (READ_WINDOW / 64) as usize]);
-
-impl ReadWindow {
-    fn bit(psn: Psn) -> (usize, u64) {
-        let i = psn.value() % READ_WINDOW;
-        ((i / 64) as usize, 1 << (i % 64))
-    }
-    fn has(&self, psn: Psn) -> bool {
-        let (w, b) = Self::bit(psn);
-        self.0[w] & b != 0
-    }
-    fn set(&mut self, psn: Psn) {
-        let (w, b) = Self::bit(psn);
-        self.0[w] |= b;
-    }
-    /// From `una`, clears the placed run and returns the new oldest missing PSN.
-    fn advance(&mut self, mut una: Psn) -> Psn {
-        while self.has(una) {
-            let (w, b) = Self::bit(una);
-            self.0[w] &= !b;
-            una = una.add(1);
-        }
-        una
-    }
-    fn clear(&mut self) {
-        self.0 = [0; (READ_WINDOW / 64) as usize];
-    }
-}
-
 /// Everything an RC QP needs to go RESET -> INIT -> RTR -> RTS in one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Connect {
@@ -389,66 +357,25 @@ pub struct RcQp {
     /// Attributes and state.
     pub cfg: QpConfig,
     caps: QpCaps,
-    /// Inline data of posted work requests: one slot of max_inline_data bytes per send queue
-    /// entry, used in posting order (the send queue completes in order, so slots never clash).
-    inline_buf: Vec<u8>,
-    /// Send work requests ever posted (picks the inline slot).
-    posted: u64,
-    // Requester and completer.
     sq: VecDeque<SendWqe>,
-    send_idx: usize,
-    send_pkt: u32,
-    next_psn: Psn,
-    rd_atomic_inflight: u8,
-    /// Oldest PSN not yet acknowledged.
-    una: Psn,
-    /// READ responses placed past `una` (for the READ at the front).
-    read_win: ReadWindow,
-    /// One past the highest PSN ever sent (a rewind does not lower it).
-    sent_hw: Psn,
-    retries_left: u8,
-    rnr_left: u8,
-    /// A go-back-N is under way and nothing has been acknowledged since: acknowledgements
-    /// still in flight from before it must not start another (rxe's `started_retry`).
-    retrying: bool,
-    ack_deadline: Option<Instant>,
-    rnr_until: Option<Instant>,
     now: Instant,
-    /// Completion latencies (opcode, ns) not yet taken by the host.
-    latencies: ArrayVec<(WcOpcode, u64), LATENCY_LOG>,
     // Congestion control.
     cc: Cc,
     cc_params: DcqcnParams,
-    /// Earliest time the next request packet may leave (pacing while rate limited).
-    next_send: Instant,
-    /// When we last queued a CNP.
-    last_cnp: Option<Instant>,
     /// What happened on this QP.
     pub counters: QpCounters,
     /// The port computes IPv4 header checksums on transmit.
     tx_offload: bool,
     tx_attach: bool,
-    // Responder.
-    rq: VecDeque<RecvWr>,
-    recv_cur: Option<(RecvWr, u64)>,
-    /// The WRITE in progress: its region's key and the offset in it of the next byte (as the
-    /// check chain resolved it at the first packet).
-    write_cur: Option<(u32, usize)>,
-    write_len: u32,
-    /// Bytes of the WRITE in progress not yet received (its DMA length less what came).
-    write_left: u32,
-    in_message: InMessage,
-    nak_sent: bool,
-    /// Packets executed since the last ACK we queued.
-    unacked: u32,
-    msn: u32,
-    rd_atomic_outstanding: u8,
-    responses: VecDeque<Response>,
-    /// Original values of recent atomics, by PSN, to answer duplicates without re-executing.
-    replay: ArrayVec<(Psn, u64), 16>,
     /// Receives were posted while in ERR: they complete (flushed) in the next
     /// `handle_timeout`, which `poll_timeout` asks for at once (kept off the per-packet calls).
     flush_due: bool,
+    /// The requester's state (requester.rs).
+    req: Requester,
+    /// The completer's state (completer.rs).
+    comp: Completer,
+    /// The responder's state (responder.rs).
+    resp: Responder,
 }
 
 impl RcQp {
@@ -463,43 +390,18 @@ impl RcQp {
                 ..QpConfig::default()
             },
             caps,
-            inline_buf: vec![0; caps.max_send_wr as usize * caps.max_inline_data as usize],
-            posted: 0,
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
-            send_idx: 0,
-            send_pkt: 0,
-            next_psn: Psn::new(0),
-            rd_atomic_inflight: 0,
-            una: Psn::new(0),
-            read_win: ReadWindow::default(),
-            sent_hw: Psn::new(0),
-            retries_left: 0,
-            rnr_left: 0,
-            retrying: false,
-            ack_deadline: None,
-            rnr_until: None,
             now: Instant::ZERO,
-            latencies: ArrayVec::new(),
             cc: Cc::new(CcKind::None, 0.0),
             cc_params: DcqcnParams::nvidia(),
-            next_send: Instant::ZERO,
-            last_cnp: None,
             counters: QpCounters::default(),
             tx_offload: false,
             tx_attach: false,
-            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
-            recv_cur: None,
-            write_cur: None,
-            write_len: 0,
-            write_left: 0,
-            in_message: InMessage::None,
-            nak_sent: false,
-            unacked: 0,
-            msn: 0,
-            rd_atomic_outstanding: 0,
-            responses: VecDeque::new(),
-            replay: ArrayVec::new(),
             flush_due: false,
+
+            req: Requester::new(caps),
+            comp: Completer::new(),
+            resp: Responder::new(caps),
         })
     }
 
@@ -538,7 +440,7 @@ impl RcQp {
     /// most 256 between calls (the host takes them after every frame it hands the QP); beyond
     /// that, more are not kept.
     pub fn take_latencies(&mut self, mut f: impl FnMut(WcOpcode, u64)) {
-        for (op, ns) in self.latencies.drain(..) {
+        for (op, ns) in self.comp.latencies.drain(..) {
             f(op, ns);
         }
     }
@@ -568,12 +470,12 @@ impl RcQp {
             p.remote_ip = p.remote_ip.to_canonical();
         }
         if a.sq_psn.is_some() {
-            self.next_psn = self.cfg.sq_psn;
-            self.una = self.cfg.sq_psn;
-            self.sent_hw = self.cfg.sq_psn;
+            self.req.next_psn = self.cfg.sq_psn;
+            self.comp.una = self.cfg.sq_psn;
+            self.req.sent_hw = self.cfg.sq_psn;
         }
-        self.retries_left = self.cfg.retry_cnt;
-        self.rnr_left = self.cfg.rnr_retry;
+        self.comp.retries_left = self.cfg.retry_cnt;
+        self.comp.rnr_left = self.cfg.rnr_retry;
         Ok(())
     }
 
@@ -695,13 +597,13 @@ impl RcQp {
             return Some(self.now);
         }
         let pacing = (self.paced()
-            && self.next_send > self.now
-            && self.send_idx < self.sq.len()
+            && self.req.next_send > self.now
+            && self.req.send_idx < self.sq.len()
             && self.cfg.state == QpState::Rts)
-            .then_some(self.next_send);
+            .then_some(self.req.next_send);
         [
-            self.ack_deadline,
-            self.rnr_until,
+            self.comp.ack_deadline,
+            self.comp.rnr_until,
             self.cc.next_timeout(),
             pacing,
         ]
@@ -721,17 +623,17 @@ impl RcQp {
         self.now = self.now.max(now);
         self.flush_if_due(scq, rcq);
         self.cc.handle_timeout(now, &self.cc_params);
-        if self.rnr_until.is_some_and(|t| t <= now) {
-            self.rnr_until = None;
+        if self.comp.rnr_until.is_some_and(|t| t <= now) {
+            self.comp.rnr_until = None;
             self.arm_ack_timer();
         }
-        if self.ack_deadline.is_some_and(|t| t <= now) {
-            self.ack_deadline = None;
+        if self.comp.ack_deadline.is_some_and(|t| t <= now) {
+            self.comp.ack_deadline = None;
             if !self.owes_progress() {
                 return;
             }
             self.counters.local_ack_timeout_err += 1;
-            self.retry(self.una, scq, rcq);
+            self.retry(self.comp.una, scq, rcq);
         }
     }
 
@@ -740,9 +642,7 @@ impl RcQp {
     /// modify to ERR does.
     fn enter_err(&mut self, scq: &mut CompletionQueue, rcq: &mut CompletionQueue) {
         self.cfg.state = QpState::Err;
-        self.ack_deadline = None;
-        self.rnr_until = None;
-        self.read_win.clear();
+        self.comp.stop();
         self.flush(scq);
         self.flush_recv(rcq);
     }
@@ -768,17 +668,17 @@ impl RcQp {
                 self.qpn,
             ));
         }
-        self.send_idx = 0;
-        self.send_pkt = 0;
+        self.req.send_idx = 0;
+        self.req.send_pkt = 0;
     }
 
     /// Flushes the receive queue with WR_FLUSH_ERR, the receive a multi-packet SEND was
     /// filling first.
     pub fn flush_recv(&mut self, cq: &mut CompletionQueue) {
-        self.in_message = InMessage::None;
+        self.resp.in_message = InMessage::None;
         let qpn = self.qpn;
-        let cur = self.recv_cur.take().map(|(w, _)| w);
-        for w in cur.into_iter().chain(self.rq.drain(..)) {
+        let cur = self.resp.recv_cur.take().map(|(w, _)| w);
+        for w in cur.into_iter().chain(self.resp.rq.drain(..)) {
             let _ = cq.push(wc(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, qpn));
         }
     }

@@ -84,24 +84,24 @@ impl RcQp {
                 return Err(WrError::UdTooLong.into());
             }
         }
-        Ok((plan(wr.op, len, mtu, self.next_psn)?, len))
+        Ok((plan(wr.op, len, mtu, self.req.next_psn)?, len))
     }
 
     /// Copies a request's inline bytes into its slot of the QP's inline buffer.
     pub(super) fn take_inline_bytes(&mut self, inline: Option<&[u8]>) -> Option<usize> {
         inline.map(|d| {
-            let slot = (self.posted % self.caps.max_send_wr as u64) as usize;
+            let slot = (self.req.posted % self.caps.max_send_wr as u64) as usize;
             let at = slot * self.caps.max_inline_data as usize;
-            self.inline_buf[at..at + d.len()].copy_from_slice(d);
+            self.req.inline_buf[at..at + d.len()].copy_from_slice(d);
             at
         })
     }
 
     /// Counts a posted request and takes its PSNs: the first.
     pub(super) fn advance(&mut self, p: &Plan) -> Psn {
-        self.posted += 1;
-        let first_psn = self.next_psn;
-        self.next_psn = self.next_psn.add(p.psns);
+        self.req.posted += 1;
+        let first_psn = self.req.next_psn;
+        self.req.next_psn = self.req.next_psn.add(p.psns);
         first_psn
     }
 
@@ -110,13 +110,13 @@ impl RcQp {
         if self.cfg.state == QpState::Reset {
             return Err(PostError::BadState);
         }
-        if self.rq.len() >= self.caps.max_recv_wr as usize {
+        if self.resp.rq.len() >= self.caps.max_recv_wr as usize {
             return Err(PostError::Full);
         }
         if wr.sg.len() > self.caps.max_recv_sge as usize {
             return Err(WrError::TooManySge.into());
         }
-        self.rq.push_back(wr);
+        self.resp.rq.push_back(wr);
         // Posted to a QP in ERR: taken, and completed with WR_FLUSH_ERR (as verbs and rxe
         // do) by the timeout `poll_timeout` then asks for at once.
         self.flush_due |= self.cfg.state == QpState::Err;

@@ -3,6 +3,61 @@
 
 use super::*;
 
+/// The responder's state (rxe's `resp` info): the receive queue and the receive being filled,
+/// the message in progress, the MSN, the responses (ACKs, READ responses, atomic ACKs, CNPs)
+/// waiting to go out before new requests, and the replay cache for duplicate atomics. The
+/// expected PSN is the QP's `cfg.rq_psn`.
+#[derive(Debug)]
+pub(super) struct Responder {
+    /// When we last queued a CNP.
+    last_cnp: Option<Instant>,
+    /// Posted receives not yet started.
+    pub(super) rq: VecDeque<RecvWr>,
+    /// The receive a multi-packet SEND is filling, and how many bytes it has.
+    pub(super) recv_cur: Option<(RecvWr, u64)>,
+    /// The WRITE in progress: its region's key and the offset in it of the next byte (as the
+    /// check chain resolved it at the first packet).
+    write_cur: Option<(u32, usize)>,
+    /// The DMA length of the WRITE in progress.
+    write_len: u32,
+    /// Bytes of the WRITE in progress not yet received (its DMA length less what came).
+    write_left: u32,
+    /// The multi-packet message in progress.
+    pub(super) in_message: InMessage,
+    /// A sequence NAK went out for the current gap (one per gap).
+    nak_sent: bool,
+    /// Packets executed since the last ACK we queued.
+    unacked: u32,
+    /// Message sequence number: messages completed as responder.
+    msn: u32,
+    /// READs and atomics accepted and not yet answered (at most max_dest_rd_atomic).
+    rd_atomic_outstanding: u8,
+    /// Responses waiting to go out; they go before new requests.
+    pub(super) responses: VecDeque<Response>,
+    /// Original values of recent atomics, by PSN, to answer duplicates without re-executing.
+    replay: ArrayVec<(Psn, u64), 16>,
+}
+
+impl Responder {
+    pub(super) fn new(caps: QpCaps) -> Self {
+        Responder {
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            recv_cur: None,
+            write_cur: None,
+            write_len: 0,
+            write_left: 0,
+            in_message: InMessage::None,
+            nak_sent: false,
+            unacked: 0,
+            msn: 0,
+            rd_atomic_outstanding: 0,
+            responses: VecDeque::new(),
+            replay: ArrayVec::new(),
+            last_cnp: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Response {
     Ack {
@@ -107,7 +162,7 @@ impl RcQp {
                         Some(Ok(()))
                     );
                 if !last {
-                    self.responses.push_front(Response::Read {
+                    self.resp.responses.push_front(Response::Read {
                         psn,
                         rkey,
                         va,
@@ -118,7 +173,8 @@ impl RcQp {
                         counted,
                     });
                 } else if counted {
-                    self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
+                    self.resp.rd_atomic_outstanding =
+                        self.resp.rd_atomic_outstanding.saturating_sub(1);
                 }
                 ok
             }
@@ -130,19 +186,23 @@ impl RcQp {
     pub(super) fn on_ce(&mut self) {
         self.counters.np_ecn_marked_roce_packets += 1;
         let gap = core::time::Duration::from_micros(self.cc_params.min_time_between_cnps as u64);
-        if self.last_cnp.is_some_and(|t| self.now < t + gap)
-            || self.responses.iter().any(|r| matches!(r, Response::Cnp))
+        if self.resp.last_cnp.is_some_and(|t| self.now < t + gap)
+            || self
+                .resp
+                .responses
+                .iter()
+                .any(|r| matches!(r, Response::Cnp))
         {
             return;
         }
-        self.last_cnp = Some(self.now);
+        self.resp.last_cnp = Some(self.now);
         // Ahead of data: a CNP is worth most when it arrives soon.
-        self.responses.push_front(Response::Cnp);
+        self.resp.responses.push_front(Response::Cnp);
     }
 
     pub(super) fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
-        self.unacked = 0;
-        let msn = self.msn;
+        self.resp.unacked = 0;
+        let msn = self.resp.msn;
         if let (
             true,
             Some(Response::Ack {
@@ -150,7 +210,7 @@ impl RcQp {
                 syndrome: s,
                 msn: m,
             }),
-        ) = (syndrome.is_ack(), self.responses.back_mut())
+        ) = (syndrome.is_ack(), self.resp.responses.back_mut())
             && s.is_ack()
         {
             // Coalesce: one ACK covers every PSN up to it.
@@ -158,7 +218,8 @@ impl RcQp {
             *m = msn;
             return;
         }
-        self.responses
+        self.resp
+            .responses
             .push_back(Response::Ack { psn, syndrome, msn });
     }
 
@@ -179,19 +240,19 @@ impl RcQp {
         };
         let st = ResponderState {
             expected: self.cfg.rq_psn,
-            nak_sent: self.nak_sent,
-            in_message: self.in_message,
+            nak_sent: self.resp.nak_sent,
+            in_message: self.resp.in_message,
             access: self.cfg.access,
             pd: self.pd,
             mtu: match self.cfg.path_mtu {
                 Some(m) => m,
                 None => return,
             },
-            rd_atomic_outstanding: self.rd_atomic_outstanding,
+            rd_atomic_outstanding: self.resp.rd_atomic_outstanding,
             max_dest_rd_atomic: self.cfg.max_dest_rd_atomic,
             min_rnr_timer: self.cfg.min_rnr_timer,
-            recv_available: !self.rq.is_empty(),
-            write_left: self.write_left,
+            recv_available: !self.resp.rq.is_empty(),
+            write_left: self.resp.write_left,
         };
         let off = match check(&st, &req, mrs) {
             Verdict::Execute { mr_offset } => mr_offset,
@@ -203,7 +264,7 @@ impl RcQp {
                     // superseded, so repeated asks never pile up streams or exhaust
                     // max_dest_rd_atomic.
                     let mut superseded = 0;
-                    self.responses.retain(|x| match x {
+                    self.resp.responses.retain(|x| match x {
                         Response::Read {
                             psn,
                             next,
@@ -219,22 +280,28 @@ impl RcQp {
                         }
                         _ => true,
                     });
-                    self.rd_atomic_outstanding =
-                        self.rd_atomic_outstanding.saturating_sub(superseded);
+                    self.resp.rd_atomic_outstanding =
+                        self.resp.rd_atomic_outstanding.saturating_sub(superseded);
                     let count = r.dma_len.div_ceil(st.mtu.bytes()).max(1);
                     // The duplicate's stream replays a READ already admitted: it does not count
                     // against max_dest_rd_atomic, so re-asks can never crowd out new READs.
-                    self.responses.push_back(r_read(
-                        info.psn, r.rkey, r.va, r.dma_len, count, self.msn, false,
+                    self.resp.responses.push_back(r_read(
+                        info.psn,
+                        r.rkey,
+                        r.va,
+                        r.dma_len,
+                        count,
+                        self.resp.msn,
+                        false,
                     ));
                 } else if info.op.has(mask::ATOMIC) {
                     // Answer a duplicate atomic from the replay cache; never execute it twice.
-                    if let Some((_, orig)) = self.replay.iter().find(|(p, _)| *p == info.psn) {
+                    if let Some((_, orig)) = self.resp.replay.iter().find(|(p, _)| *p == info.psn) {
                         let orig = *orig;
-                        self.responses.push_back(Response::Atomic {
+                        self.resp.responses.push_back(Response::Atomic {
                             psn: info.psn,
                             orig,
-                            msn: self.msn,
+                            msn: self.resp.msn,
                         });
                     }
                 } else {
@@ -249,7 +316,7 @@ impl RcQp {
             Verdict::Nak(code) => {
                 if code == NakCode::PsnSequenceError {
                     self.counters.out_of_sequence += 1;
-                    self.nak_sent = true;
+                    self.resp.nak_sent = true;
                 }
                 self.push_ack(self.cfg.rq_psn, Syndrome::Nak(code));
                 if code != NakCode::PsnSequenceError {
@@ -263,14 +330,14 @@ impl RcQp {
                 return;
             }
         };
-        self.nak_sent = false;
+        self.resp.nak_sent = false;
         let o = info.op;
         let payload = info.payload(frame);
         if o.has(mask::SEND) {
             if o.has(mask::FIRST) {
-                self.recv_cur = self.rq.pop_front().map(|w| (w, 0));
+                self.resp.recv_cur = self.resp.rq.pop_front().map(|w| (w, 0));
             }
-            let Some((wr, at)) = self.recv_cur.as_mut() else {
+            let Some((wr, at)) = self.resp.recv_cur.as_mut() else {
                 return;
             };
             // A SEND longer than its receive is a length error before anything is placed
@@ -279,19 +346,19 @@ impl RcQp {
             if *at + payload.len() as u64 > room || scatter(mrs, &wr.sg, *at, payload).is_err() {
                 let wr_id = wr.wr_id;
                 let _ = recv_cq.push(wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, self.qpn));
-                self.recv_cur = None;
+                self.resp.recv_cur = None;
                 self.push_ack(info.psn, Syndrome::Nak(NakCode::InvalidRequest));
                 self.enter_err(send_cq, recv_cq);
                 return;
             }
             *at += payload.len() as u64;
-            self.in_message = if o.has(mask::LAST) {
+            self.resp.in_message = if o.has(mask::LAST) {
                 InMessage::None
             } else {
                 InMessage::Send
             };
             if o.has(mask::LAST) {
-                let (wr, len) = self.recv_cur.take().expect("receive in progress");
+                let (wr, len) = self.resp.recv_cur.take().expect("receive in progress");
                 let mut c = wc(
                     wr.wr_id,
                     WcStatus::Success,
@@ -302,18 +369,18 @@ impl RcQp {
                 c.imm_data = info.ext.immdt();
                 c.invalidated_rkey = info.ext.ieth();
                 let _ = recv_cq.push(c);
-                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0x00ff_ffff;
             }
         } else if o.has(mask::WRITE) {
             self.counters.rx_write_requests += 1;
             if let Some(r) = req.reth {
                 // Where the check chain resolved the RETH's address: the message's bytes
                 // land from there, packet after packet, without resolving it again.
-                self.write_cur = Some((r.rkey, off));
-                self.write_len = r.dma_len;
-                self.write_left = r.dma_len;
+                self.resp.write_cur = Some((r.rkey, off));
+                self.resp.write_len = r.dma_len;
+                self.resp.write_left = r.dma_len;
             }
-            let Some((rkey, at)) = self.write_cur else {
+            let Some((rkey, at)) = self.resp.write_cur else {
                 return;
             };
             // By key still: a region deregistered mid-message stops the WRITE.
@@ -325,39 +392,45 @@ impl RcQp {
                     return;
                 }
             }
-            self.write_cur = Some((rkey, at + payload.len()));
-            self.write_left -= payload.len() as u32; // the checks held it to write_left
-            self.in_message = if o.has(mask::LAST) {
+            self.resp.write_cur = Some((rkey, at + payload.len()));
+            self.resp.write_left -= payload.len() as u32; // the checks held it to write_left
+            self.resp.in_message = if o.has(mask::LAST) {
                 InMessage::None
             } else {
                 InMessage::Write
             };
             if o.has(mask::LAST) {
-                self.write_cur = None;
+                self.resp.write_cur = None;
                 if let Some(imm) = info.ext.immdt()
-                    && let Some(w) = self.rq.pop_front()
+                    && let Some(w) = self.resp.rq.pop_front()
                 {
                     let mut c = wc(
                         w.wr_id,
                         WcStatus::Success,
                         WcOpcode::RecvRdmaWithImm,
-                        self.write_len,
+                        self.resp.write_len,
                         self.qpn,
                     );
                     c.imm_data = Some(imm);
                     let _ = recv_cq.push(c);
                 }
-                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0x00ff_ffff;
             }
         } else if o.has(mask::READ) {
             self.counters.rx_read_requests += 1;
             let r = req.reth.expect("checked");
             let mtu = st.mtu.bytes();
             let count = r.dma_len.div_ceil(mtu).max(1);
-            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-            self.rd_atomic_outstanding += 1;
-            self.responses.push_back(r_read(
-                info.psn, r.rkey, r.va, r.dma_len, count, self.msn, true,
+            self.resp.msn = self.resp.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.resp.rd_atomic_outstanding += 1;
+            self.resp.responses.push_back(r_read(
+                info.psn,
+                r.rkey,
+                r.va,
+                r.dma_len,
+                count,
+                self.resp.msn,
+                true,
             ));
             self.cfg.rq_psn = self.cfg.rq_psn.add(count);
             return;
@@ -375,15 +448,15 @@ impl RcQp {
             let Ok(orig) = mrs.get_mut(a.rkey).and_then(|m| m.atomic_at(off, aop)) else {
                 return;
             };
-            if self.replay.is_full() {
-                self.replay.remove(0);
+            if self.resp.replay.is_full() {
+                self.resp.replay.remove(0);
             }
-            self.replay.push((info.psn, orig));
-            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-            self.responses.push_back(Response::Atomic {
+            self.resp.replay.push((info.psn, orig));
+            self.resp.msn = self.resp.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.resp.responses.push_back(Response::Atomic {
                 psn: info.psn,
                 orig,
-                msn: self.msn,
+                msn: self.resp.msn,
             });
             self.cfg.rq_psn = self.cfg.rq_psn.add(1);
             return;
@@ -391,8 +464,8 @@ impl RcQp {
         self.cfg.rq_psn = self.cfg.rq_psn.add(1);
         // ACK when asked, at the end of a message, or after ACK_EVERY packets without one
         // (a peer that rarely sets AckReq still hears from us); queued ACKs coalesce.
-        self.unacked += 1;
-        if info.ack_req || o.has(mask::LAST) || self.unacked >= ACK_EVERY {
+        self.resp.unacked += 1;
+        if info.ack_req || o.has(mask::LAST) || self.resp.unacked >= ACK_EVERY {
             self.push_ack(info.psn, Syndrome::Ack { credits: 31 });
         }
     }

@@ -82,7 +82,7 @@ impl RcQp {
         };
         let inline = w
             .inline_at
-            .map(|at| &self.inline_buf[at..at + w.len as usize]);
+            .map(|at| &self.req.inline_buf[at..at + w.len as usize]);
         let sg = &w.wr.sg;
         let built = self.emit_on(d.path, out, b, ext, w.len as usize, |dst| match inline {
             Some(x) => {
@@ -132,7 +132,7 @@ impl RcQp {
             self.counters.qkey_violations += 1;
             return;
         }
-        let Some(wr) = self.rq.pop_front() else {
+        let Some(wr) = self.resp.rq.pop_front() else {
             self.counters.out_of_buffer += 1;
             return;
         };
