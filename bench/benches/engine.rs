@@ -10,8 +10,8 @@ use dataplane::buf::HeapBuf;
 use dataplane::time::Instant as SimInstant;
 use dataplane::transport::cq::CompletionQueue;
 use dataplane::transport::mr::{Access, MrTable};
-use dataplane::transport::qp::{Mtu, Path};
-use dataplane::transport::rc::{Connect, QpCaps, RcQp};
+use dataplane::transport::qp::{Mtu, Path, QpAttr};
+use dataplane::transport::rc::{QpCaps, RcQp};
 use dataplane::transport::wr::{SendOp, SendWr, SgList, Sge};
 use std::time::{Duration, Instant};
 
@@ -40,11 +40,11 @@ fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
         },
     )
     .unwrap();
-    qp.connect(&Connect {
-        access: all,
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-        ..Connect::new(Path::sim(me, other, 0xc000), Mtu::M4096, peer)
+    qp.connect(&QpAttr {
+        access: Some(all),
+        max_rd_atomic: Some(4),
+        max_dest_rd_atomic: Some(4),
+        ..QpAttr::connect(Path::sim(me, other, 0xc000), Mtu::M4096, peer)
     })
     .unwrap();
     Node {

@@ -7,8 +7,7 @@
 //! which is raw bytes (`application/octet-stream`).
 
 use crate::rdma::{
-    ConnectRequest, QpPlacement, access_names, parse_access, parse_gid, wc_opcode_name,
-    wc_status_name,
+    QpPlacement, access_names, parse_access, parse_gid, wc_opcode_name, wc_status_name,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -22,7 +21,7 @@ use dataplane::port::impair::{CongestionPoint, Direction, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
 use dataplane::transport::perftest::LatKind;
-use dataplane::transport::qp::{Mtu, QpState, QpType};
+use dataplane::transport::qp::{Mtu, Path as TransportPath, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, SgList, Sge, UdDest};
 use serde::Deserialize;

@@ -242,9 +242,15 @@ impl QpAttrBody {
     }
 }
 
-/// The attributes checked, with the defaults `rdma_rxe`/perftest use where absent. The remote
-/// QPN and GID are required when `need_remote`.
-pub(super) fn attr_request(b: &QpAttrBody, need_remote: bool) -> Result<ConnectRequest, ApiError> {
+/// The attributes checked, as the engine's [`QpAttr`], with the defaults `rdma_rxe`/perftest
+/// use where absent: the remote GID and DSCP as the path it names ([`Path::toward`], resolved
+/// by the node), `max_rd_atomic` for both directions. The remote QPN and GID are required
+/// when `need_remote`. `state` is the body's (modify) or RTS (connect).
+pub(super) fn attr_request(
+    b: &QpAttrBody,
+    state: QpState,
+    need_remote: bool,
+) -> Result<QpAttr, ApiError> {
     let mtu_bytes = b.mtu.unwrap_or(1024);
     let mtu = Mtu::from_bytes(mtu_bytes).ok_or_else(|| {
         ApiError::bad(
@@ -263,33 +269,35 @@ pub(super) fn attr_request(b: &QpAttrBody, need_remote: bool) -> Result<ConnectR
         }
     };
     let missing = |f: &str| ApiError::bad("bad_attr", format!("{f} is required here"));
-    let (remote_qpn, remote_gid) = match (b.remote_qpn, &b.remote_gid) {
-        (Some(q), Some(g)) => (q, parse_gid(g)?),
-        (None, _) if need_remote => return Err(missing("remote_qpn")),
-        (_, None) if need_remote => return Err(missing("remote_gid")),
-        (q, g) => (
-            q.unwrap_or(0),
-            match g {
-                Some(g) => parse_gid(g)?,
-                None => std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            },
-        ),
-    };
-    Ok(ConnectRequest {
-        remote_qpn,
-        remote_gid,
-        remote_psn: b.remote_psn,
-        local_psn: b.local_psn,
-        mtu,
-        timeout: check("timeout", b.timeout, 31, 14)?,
-        retry_cnt: check("retry_cnt", b.retry_cnt, 7, 7)?,
-        rnr_retry: check("rnr_retry", b.rnr_retry, 7, 7)?,
-        min_rnr_timer: check("min_rnr_timer", b.min_rnr_timer, 31, 1)?,
-        max_rd_atomic: check("max_rd_atomic", b.max_rd_atomic, 16, 16)?,
-        access: parse_access(b.access.as_deref().unwrap_or(&default_access()))?,
-        dscp: check("dscp", b.dscp, 63, 26)?,
+    if need_remote && b.remote_qpn.is_none() {
+        return Err(missing("remote_qpn"));
+    }
+    if need_remote && b.remote_gid.is_none() {
+        return Err(missing("remote_gid"));
+    }
+    let dscp = check("dscp", b.dscp, 63, 26)?;
+    let max_rd_atomic = check("max_rd_atomic", b.max_rd_atomic, 16, 16)?;
+    Ok(QpAttr {
+        state: Some(state),
+        access: Some(parse_access(
+            b.access.as_deref().unwrap_or(&default_access()),
+        )?),
+        pkey_index: Some(0),
+        path_mtu: Some(mtu),
+        dest_qp: b.remote_qpn,
+        rq_psn: b.remote_psn,
+        sq_psn: b.local_psn,
+        timeout: Some(check("timeout", b.timeout, 31, 14)?),
+        retry_cnt: Some(check("retry_cnt", b.retry_cnt, 7, 7)?),
+        rnr_retry: Some(check("rnr_retry", b.rnr_retry, 7, 7)?),
+        min_rnr_timer: Some(check("min_rnr_timer", b.min_rnr_timer, 31, 1)?),
+        max_rd_atomic: Some(max_rd_atomic),
+        max_dest_rd_atomic: Some(max_rd_atomic),
+        path: match &b.remote_gid {
+            Some(g) => Some(TransportPath::toward(parse_gid(g)?, dscp)),
+            None => None,
+        },
         qkey: b.qkey,
-        port: b.port.unwrap_or(0),
     })
 }
 
@@ -319,8 +327,8 @@ pub(super) async fn qp_connect(
                 dataplane::transport::qp::ModifyError::Datagram.to_string(),
             ));
         }
-        let r = attr_request(&b, true)?;
-        s.rdma.connect_qp(qpn, &r)?;
+        let a = attr_request(&b, QpState::Rts, true)?;
+        s.rdma.connect_qp(qpn, &a)?;
         Ok::<_, ApiError>(s.rdma.query_qp(qpn)?)
     })
     .await
@@ -361,8 +369,8 @@ pub(super) async fn qp_modify(
                 format!("{x} is not an attribute of a {} QP", ty.name()),
             ));
         }
-        let r = attr_request(&b, state == QpState::Rtr && ty == QpType::Rc)?;
-        s.rdma.modify_qp(qpn, state, &r)?;
+        let a = attr_request(&b, state, state == QpState::Rtr && ty == QpType::Rc)?;
+        s.rdma.modify_qp(qpn, &a, b.port.unwrap_or(0))?;
         Ok::<_, ApiError>(s.rdma.query_qp(qpn)?)
     })
     .await
@@ -483,16 +491,18 @@ pub(super) async fn qp_bulk_connect(State(s): State<Arc<ApiState>>, b: Bytes) ->
     if b.attr.remote_gid.is_none() {
         return Err(ApiError::bad("bad_attr", "attr.remote_gid is required"));
     }
-    let base = attr_request(&b.attr, false)?;
-    let list: Vec<(u32, ConnectRequest)> = b
+    let base = attr_request(&b.attr, QpState::Rts, false)?;
+    let list: Vec<(u32, QpAttr)> = b
         .qps
         .iter()
         .map(|p| {
-            let mut r = base.clone();
-            r.remote_qpn = p.remote_qpn;
-            r.remote_psn = p.remote_psn;
-            r.local_psn = p.local_psn;
-            (p.qpn, r)
+            let a = QpAttr {
+                dest_qp: Some(p.remote_qpn),
+                rq_psn: p.remote_psn,
+                sq_psn: p.local_psn,
+                ..base
+            };
+            (p.qpn, a)
         })
         .collect();
     let n = list.len();

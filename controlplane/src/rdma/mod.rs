@@ -19,7 +19,7 @@ use dataplane::transport::device::{CqState, QpQuery};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::perftest::{LatKind, LatResult, Reply, StreamResult};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
-use dataplane::transport::rc::{Connect, QpCaps};
+use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
 use dataplane::wire::Psn;
 use std::collections::{BTreeMap, HashMap};
@@ -225,59 +225,10 @@ pub const MAX_CQE_TOTAL: usize = 1 << 22;
 /// Protection domains a node holds at most.
 pub const MAX_PDS: usize = 1 << 16;
 
-/// What connecting a QP needs to know of its peer.
-#[derive(Clone, Debug)]
-pub struct ConnectRequest {
-    /// The remote QP number.
-    pub remote_qpn: u32,
-    /// The remote GID (IPv4, IPv4-mapped IPv6, or IPv6).
-    pub remote_gid: IpAddr,
-    /// First PSN the remote sends (our rq_psn): needed to connect an RC QP (RTR).
-    pub remote_psn: Option<u32>,
-    /// First PSN we send (our sq_psn); None: the random one the QP was created with.
-    pub local_psn: Option<u32>,
-    /// Path MTU.
-    pub mtu: Mtu,
-    /// Local ACK timeout code (4.096 us * 2^timeout).
-    pub timeout: u8,
-    /// Retries (0-7).
-    pub retry_cnt: u8,
-    /// RNR retries (7 = forever).
-    pub rnr_retry: u8,
-    /// RNR NAK timer code we send.
-    pub min_rnr_timer: u8,
-    /// READs/atomics outstanding at most, each way.
-    pub max_rd_atomic: u8,
-    /// Remote access the QP allows.
-    pub access: Access,
-    /// DSCP of its packets.
-    pub dscp: u8,
-    /// A UD QP's Q_Key (INIT).
-    pub qkey: Option<u32>,
-    /// A UD QP's port (INIT).
-    pub port: usize,
-}
-
-/// The connect a request asks for, on `path`, with the PSNs `Rdma::psns` settled.
-fn connect_of(path: Path, r: &ConnectRequest, (sq_psn, rq_psn): (u32, u32)) -> Connect {
-    Connect {
-        access: r.access,
-        sq_psn,
-        rq_psn,
-        timeout: r.timeout,
-        retry_cnt: r.retry_cnt,
-        rnr_retry: r.rnr_retry,
-        min_rnr_timer: r.min_rnr_timer,
-        max_rd_atomic: r.max_rd_atomic,
-        max_dest_rd_atomic: r.max_rd_atomic,
-        ..Connect::new(path, r.mtu, r.remote_qpn)
-    }
-}
-
 /// Refuses QPNs and PSNs past 24 bits.
-fn check_24bit(r: &ConnectRequest) -> Result<(), RdmaError> {
+fn check_24bit(a: &QpAttr) -> Result<(), RdmaError> {
     let big = |p: Option<u32>| p.is_some_and(|p| p > 0xff_ffff);
-    if r.remote_qpn > 0xff_ffff || big(r.remote_psn) || big(r.local_psn) {
+    if big(a.dest_qp) || big(a.rq_psn) || big(a.sq_psn) {
         return Err(RdmaError::bad(
             "bad_attr",
             "QPNs and PSNs are 24-bit (at most 16777215)",
@@ -286,9 +237,10 @@ fn check_24bit(r: &ConnectRequest) -> Result<(), RdmaError> {
     Ok(())
 }
 
-/// The peer's first PSN, which an RC QP cannot be connected without (PSNs start at random).
-fn remote_psn(r: &ConnectRequest) -> Result<u32, RdmaError> {
-    r.remote_psn.ok_or_else(|| {
+/// The peer's first PSN (our rq_psn), which an RC QP cannot be connected without (PSNs start
+/// at random).
+fn remote_psn(a: &QpAttr) -> Result<u32, RdmaError> {
+    a.rq_psn.ok_or_else(|| {
         RdmaError::bad(
             "missing",
             "remote_psn is required: the PSN the peer QP starts sending with (its sq-psn, in \

@@ -163,30 +163,30 @@ impl Rdma {
 
     /// Connects several QPs (each `(qpn, request)`) towards one remote GID, all or none: the
     /// path is resolved once, and each lcore takes its QPs in chunks.
-    pub fn connect_qps(&self, list: &[(u32, ConnectRequest)]) -> Result<(), RdmaError> {
-        let Some((q0, r0)) = list.first() else {
+    pub fn connect_qps(&self, list: &[(u32, QpAttr)]) -> Result<(), RdmaError> {
+        let Some((q0, a0)) = list.first() else {
             return Ok(());
         };
-        if list.iter().any(|(_, r)| r.remote_gid != r0.remote_gid) {
+        let gid = |a: &QpAttr| a.path.map(|p| p.remote_ip);
+        if list.iter().any(|(_, a)| gid(a) != gid(a0)) {
             return Err(RdmaError::bad(
                 "bad_attr",
                 "a bulk connect goes to one remote GID",
             ));
         }
-        let (path, port) = self.path_for(*q0, r0)?;
-        let mut by_lcore: BTreeMap<usize, Vec<(u32, Connect)>> = BTreeMap::new();
-        for (qpn, r) in list {
-            check_24bit(r)?;
-            let psns = self.psns(*qpn, r)?;
+        let (path, port) = self.path_for(*q0, a0)?;
+        let mut by_lcore: BTreeMap<usize, Vec<(u32, QpAttr)>> = BTreeMap::new();
+        for (qpn, a) in list {
+            check_24bit(a)?;
             let l = self.lcore_of(*qpn)?;
             let p = Path {
-                udp_sport: udp_sport(*qpn, path.local_ip, r.remote_gid, r.remote_qpn),
+                udp_sport: udp_sport(*qpn, path.local_ip, path.remote_ip, a.dest_qp.unwrap_or(0)),
                 ..path
             };
             by_lcore
                 .entry(l)
                 .or_default()
-                .push((*qpn, connect_of(p, r, psns)));
+                .push((*qpn, self.settled(*qpn, a, p)?));
         }
         let mut done: Vec<(usize, Vec<u32>)> = Vec::new();
         for (l, all) in by_lcore {
@@ -395,21 +395,23 @@ impl Rdma {
         self
     }
 
-    /// The path of QP `qpn` to its peer: checks the 24-bit numbers, resolves the GID to a
-    /// port and next hop, checks the path MTU fits the port, picks the UDP source port.
-    pub(super) fn path_for(
-        &self,
-        qpn: u32,
-        r: &ConnectRequest,
-    ) -> Result<(Path, usize), RdmaError> {
-        check_24bit(r)?;
-        let (port, local, mac, vlan) = self.resolve(r.remote_gid)?;
+    /// The path of QP `qpn` to the peer `a.path` names (its GID and DSCP; see [`Path::toward`]):
+    /// checks the 24-bit numbers, resolves the GID to a port and next hop, checks the path
+    /// MTU fits the port, picks the UDP source port.
+    pub(super) fn path_for(&self, qpn: u32, a: &QpAttr) -> Result<(Path, usize), RdmaError> {
+        check_24bit(a)?;
+        let Some(toward) = a.path else {
+            return Err(RdmaError::bad("bad_attr", "remote_gid is required here"));
+        };
+        let gid = toward.remote_ip;
+        let mtu = a.path_mtu.unwrap_or(Mtu::M1024);
+        let (port, local, mac, vlan) = self.resolve(gid)?;
         if let Some(&port_mtu) = self.mtus.get(port) {
             // The largest packet of the path MTU: IP and UDP headers, BTH, the longest
             // extension headers a full segment carries (RETH + ImmDt), payload, ICRC.
-            let ip = if r.remote_gid.is_ipv4() { 20 } else { 40 };
+            let ip = if gid.is_ipv4() { 20 } else { 40 };
             let need = |m: u32| ip + 8 + 12 + 20 + m + 4;
-            if need(r.mtu.bytes()) > port_mtu as u32 {
+            if need(mtu.bytes()) > port_mtu as u32 {
                 let fits = [4096u32, 2048, 1024, 512, 256]
                     .into_iter()
                     .find(|m| need(*m) <= port_mtu as u32);
@@ -417,8 +419,8 @@ impl Rdma {
                     "bad_mtu",
                     format!(
                         "path MTU {} does not fit port {port}'s MTU {port_mtu} ({} byte packets); {}",
-                        r.mtu.bytes(),
-                        need(r.mtu.bytes()),
+                        mtu.bytes(),
+                        need(mtu.bytes()),
                         match fits {
                             Some(m) => format!("use {m} or less, or raise the port's mtu"),
                             None => "raise the port's mtu".into(),
@@ -429,15 +431,26 @@ impl Rdma {
         }
         let path = Path {
             local_ip: local,
-            remote_ip: r.remote_gid,
+            remote_ip: gid,
             local_mac: self.macs[port].0,
             remote_mac: mac.0,
-            udp_sport: udp_sport(qpn, local, r.remote_gid, r.remote_qpn),
-            dscp: r.dscp,
+            udp_sport: udp_sport(qpn, local, gid, a.dest_qp.unwrap_or(0)),
+            dscp: toward.dscp,
             ecn: 2,
             vlan,
         };
         Ok((path, port))
+    }
+
+    /// A connect's attributes as QP `qpn` takes them: on the resolved `path`, starting at the
+    /// PSN it was created with unless `a` names one, the peer's first PSN required.
+    fn settled(&self, qpn: u32, a: &QpAttr, path: Path) -> Result<QpAttr, RdmaError> {
+        Ok(QpAttr {
+            path: Some(path),
+            sq_psn: Some(self.local_psn(qpn, a.sq_psn)?),
+            rq_psn: Some(remote_psn(a)?),
+            ..*a
+        })
     }
 
     /// The PSN QP `qpn` starts sending with: the request's, or the one it was created with.
@@ -448,13 +461,9 @@ impl Rdma {
         }
     }
 
-    /// (our first PSN, the peer's first PSN) for connecting QP `qpn`.
-    pub(super) fn psns(&self, qpn: u32, r: &ConnectRequest) -> Result<(u32, u32), RdmaError> {
-        Ok((self.local_psn(qpn, r.local_psn)?, remote_psn(r)?))
-    }
-
-    /// Takes a QP from RESET to RTS towards its peer.
-    pub fn connect_qp(&self, qpn: u32, r: &ConnectRequest) -> Result<(), RdmaError> {
+    /// Takes a QP from RESET to RTS towards the peer `a.path` names, with the attributes of
+    /// `a` (every one [`QpAttr::rc_steps`] takes).
+    pub fn connect_qp(&self, qpn: u32, a: &QpAttr) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
         if self.qp_type(qpn)? == QpType::Ud {
             return Err(RdmaError::conflict(
@@ -462,8 +471,8 @@ impl Rdma {
                 dataplane::transport::qp::ModifyError::Datagram.to_string(),
             ));
         }
-        let (path, port) = self.path_for(qpn, r)?;
-        let c = connect_of(path, r, self.psns(qpn, r)?);
+        let (path, port) = self.path_for(qpn, a)?;
+        let c = self.settled(qpn, a, path)?;
         self.ask(l, move |h, _| h.dev.connect(qpn, &c, port))?
             .map_err(|e| RdmaError::conflict("bad_state", e.to_string()))
     }
@@ -529,77 +538,60 @@ impl Rdma {
         })
     }
 
-    /// One verbs transition of QP `qpn` to `state`, with the attributes that transition takes
-    /// from `r` (INIT: access, P_Key index 0; RTR: path, remote QPN and PSN, MTU, min_rnr_timer,
-    /// max_dest_rd_atomic; RTS: our PSN, timeout, retry_cnt, rnr_retry, max_rd_atomic). A UD
-    /// QP takes its Q_Key, port and the port's MTU at INIT, nothing at RTR, our PSN at RTS.
-    pub fn modify_qp(&self, qpn: u32, state: QpState, r: &ConnectRequest) -> Result<(), RdmaError> {
+    /// One verbs transition of QP `qpn` to `a.state`, with the attributes of `a` that
+    /// transition takes (an RC QP's: [`QpAttr::rc_steps`]; RTR resolves the path `a.path`
+    /// names and needs the peer's first PSN; RTS starts at the PSN the QP was created with
+    /// unless `a` names one). A UD QP takes its Q_Key, port `ud_port` and that port's MTU at
+    /// INIT, nothing at RTR, our PSN at RTS.
+    pub fn modify_qp(&self, qpn: u32, a: &QpAttr, ud_port: usize) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
+        let state = a
+            .state
+            .ok_or_else(|| RdmaError::bad("bad_attr", "state is required"))?;
         let mut attr = QpAttr {
             state: Some(state),
             ..Default::default()
         };
         let mut port = 0;
-        if self.qp_type(qpn)? == QpType::Ud {
-            match state {
-                QpState::Init => {
-                    if r.port >= self.macs.len() {
-                        return Err(RdmaError::bad(
-                            "bad_attr",
-                            format!("port {} does not exist", r.port),
-                        ));
-                    }
-                    port = r.port;
-                    attr.pkey_index = Some(0);
-                    attr.qkey = Some(r.qkey.ok_or_else(|| {
+        let steps = a.rc_steps();
+        match (self.qp_type(qpn)?, state) {
+            (QpType::Ud, QpState::Init) => {
+                if ud_port >= self.macs.len() {
+                    return Err(RdmaError::bad(
+                        "bad_attr",
+                        format!("port {ud_port} does not exist"),
+                    ));
+                }
+                port = ud_port;
+                attr.pkey_index = Some(0);
+                attr.qkey =
+                    Some(a.qkey.ok_or_else(|| {
                         RdmaError::bad("bad_attr", "a UD QP's INIT needs its qkey")
                     })?);
-                    attr.path_mtu = Some(self.ud_mtu(port));
-                }
-                QpState::Rts => attr.sq_psn = Some(self.local_psn(qpn, r.local_psn)?),
-                _ => {}
+                attr.path_mtu = Some(self.ud_mtu(port));
             }
-        } else {
-            self.rc_attr(qpn, state, r, &mut attr, &mut port)?;
+            (QpType::Ud, QpState::Rts) => attr.sq_psn = Some(self.local_psn(qpn, a.sq_psn)?),
+            (QpType::Ud, _) => {}
+            (QpType::Rc, QpState::Init) => attr = steps[0],
+            (QpType::Rc, QpState::Rtr) => {
+                let (path, p) = self.path_for(qpn, a)?;
+                port = p;
+                attr = QpAttr {
+                    path: Some(path),
+                    rq_psn: Some(remote_psn(a)?),
+                    ..steps[1]
+                };
+            }
+            (QpType::Rc, QpState::Rts) => {
+                attr = QpAttr {
+                    sq_psn: Some(self.local_psn(qpn, a.sq_psn)?),
+                    ..steps[2]
+                };
+            }
+            (QpType::Rc, _) => {}
         }
         self.ask(l, move |h, _| h.dev.modify(qpn, &attr, port))?
             .map_err(|e| RdmaError::conflict("bad_state", e.to_string()))
-    }
-
-    /// An RC QP's attributes for the transition to `state` (see [`Rdma::modify_qp`]).
-    pub(super) fn rc_attr(
-        &self,
-        qpn: u32,
-        state: QpState,
-        r: &ConnectRequest,
-        attr: &mut QpAttr,
-        port: &mut usize,
-    ) -> Result<(), RdmaError> {
-        match state {
-            QpState::Init => {
-                attr.access = Some(r.access);
-                attr.pkey_index = Some(0);
-            }
-            QpState::Rtr => {
-                let (path, p) = self.path_for(qpn, r)?;
-                *port = p;
-                attr.path = Some(path);
-                attr.path_mtu = Some(r.mtu);
-                attr.dest_qp = Some(r.remote_qpn);
-                attr.rq_psn = Some(remote_psn(r)?);
-                attr.min_rnr_timer = Some(r.min_rnr_timer);
-                attr.max_dest_rd_atomic = Some(r.max_rd_atomic);
-            }
-            QpState::Rts => {
-                attr.sq_psn = Some(self.local_psn(qpn, r.local_psn)?);
-                attr.timeout = Some(r.timeout);
-                attr.retry_cnt = Some(r.retry_cnt);
-                attr.rnr_retry = Some(r.rnr_retry);
-                attr.max_rd_atomic = Some(r.max_rd_atomic);
-            }
-            _ => {}
-        }
-        Ok(())
     }
 }
 

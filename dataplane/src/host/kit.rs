@@ -7,8 +7,8 @@ use crate::time::Instant;
 use crossbeam_channel::Sender;
 use transport::cq::WorkCompletion;
 use transport::mr::Access;
-use transport::qp::{Mtu, Path};
-use transport::rc::{Connect, QpCaps};
+use transport::qp::{Mtu, Path, QpAttr};
+use transport::rc::QpCaps;
 use transport::wr::{RecvWr, SendWr};
 
 fn wait_for(ctl: &HostControl, qpn: u32, send: bool) -> Result<WorkCompletion, String> {
@@ -100,7 +100,7 @@ pub fn connect_pair_with(x: &mut impl Asker, mtu: Mtu, cc: CcKind) -> Result<Pai
             .map_err(|e| e.to_string())?;
     }
     for (i, me, other) in [(0, 1, 2), (1, 2, 1)] {
-        let conn = Connect::new(Path::sim(me, other, 0xc000), mtu, qpns[1 - i]);
+        let conn = QpAttr::connect(Path::sim(me, other, 0xc000), mtu, qpns[1 - i]);
         let q = qpns[i];
         x.call(i, move |h, _| h.dev.connect(q, &conn, 0))?
             .map_err(|e| e.to_string())?;

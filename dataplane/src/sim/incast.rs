@@ -13,8 +13,8 @@ use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::time::Instant;
 use crate::transport::cq::CompletionQueue;
 use crate::transport::mr::{Access, MrTable};
-use crate::transport::qp::{Mtu, Path};
-use crate::transport::rc::{Connect, QpCaps, RcQp};
+use crate::transport::qp::{Mtu, Path, QpAttr};
+use crate::transport::rc::{QpCaps, RcQp};
 use crate::transport::wr::{SendOp, SendWr, Sge};
 use crate::wire::packet::{Checks, parse};
 use core::time::Duration;
@@ -266,9 +266,9 @@ fn endpoint(qpns: &[u32], mem: usize, cc: CcKind, p: DcqcnParams, line: f64) -> 
 
 fn connect(qp: &mut RcQp, me: u8, other: u8, peer: u32, mtu: Mtu) {
     let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
-    let c = Connect {
-        access: Access::REMOTE_WRITE,
-        ..Connect::new(path, mtu, peer)
+    let c = QpAttr {
+        access: Some(Access::REMOTE_WRITE),
+        ..QpAttr::connect(path, mtu, peer)
     };
     qp.connect(&c).expect("connect");
 }

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use transport::cq::{CompletionQueue, WcOpcode, WcStatus};
 use transport::mr::{Access, MrTable, PdHandle};
 use transport::qp::{Mtu, Path, QpAttr, QpState};
-use transport::rc::{Connect, QpCaps, RcQp};
+use transport::rc::{QpCaps, RcQp};
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 
 /// What to run.
@@ -167,14 +167,14 @@ fn side(n: usize, me: u8, seed: u64) -> Side {
 }
 
 fn connect(qp: &mut RcQp, peer: u32, me: u8, other: u8, mtu: Mtu) {
-    // Connect::new's timeout is 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB
+    // QpAttr::connect's timeout is 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB
     // messages queued on one link and go-back-N under 10 % loss, a shorter timer fires while
     // data is still queued and its spurious retransmissions feed the queue.
     let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
-    let c = Connect {
-        sq_psn: 0xff_ff00,
-        rq_psn: 0xff_ff00,
-        ..Connect::new(path, mtu, peer)
+    let c = QpAttr {
+        sq_psn: Some(0xff_ff00),
+        rq_psn: Some(0xff_ff00),
+        ..QpAttr::connect(path, mtu, peer)
     };
     qp.connect(&c).expect("connect");
 }
@@ -821,7 +821,7 @@ mod tests {
 
     #[test]
     fn at_a_fifth_lost_go_back_n_may_give_up_but_never_twice_nor_with_wrong_data() {
-        // retry_cnt 7 (Connect::new): at 20 % loss some runs of eight timeouts lose a frame
+        // retry_cnt 7 (QpAttr::connect): at 20 % loss some runs of eight timeouts lose a frame
         // each time. Such a request ends in RETRY_EXC_ERR, its pair dies (both QPs to ERR),
         // everything after it is flushed, and the soak checks that every request still
         // completes exactly once, in order, that nothing succeeds after an error, and that

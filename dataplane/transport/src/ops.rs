@@ -14,8 +14,8 @@
 
 use super::cq::CompletionQueue;
 use super::mr::{Access, MrTable};
-use super::qp::{Mtu, Path, QpState};
-use super::rc::{Connect, QpCaps, RcQp};
+use super::qp::{Mtu, Path, QpAttr, QpState};
+use super::rc::{QpCaps, RcQp};
 use super::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 use std::collections::{HashMap, VecDeque};
 use wire::aeth::{self, Syndrome};
@@ -71,16 +71,16 @@ fn side(qpn: u32, peer: u32, me: u8, other: u8) -> Side {
         },
     )
     .expect("caps");
-    qp.connect(&Connect {
-        access: all,
-        sq_psn: 0xff_fff0,
-        rq_psn: 0xff_fff0,
-        retry_cnt: 3,
-        rnr_retry: 3,
-        timeout: 10,
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-        ..Connect::new(Path::sim(me, other, 0xc000 | qpn as u16), Mtu::M1024, peer)
+    qp.connect(&QpAttr {
+        access: Some(all),
+        sq_psn: Some(0xff_fff0),
+        rq_psn: Some(0xff_fff0),
+        retry_cnt: Some(3),
+        rnr_retry: Some(3),
+        timeout: Some(10),
+        max_rd_atomic: Some(4),
+        max_dest_rd_atomic: Some(4),
+        ..QpAttr::connect(Path::sim(me, other, 0xc000 | qpn as u16), Mtu::M1024, peer)
     })
     .expect("connect");
     Side {

@@ -146,6 +146,22 @@ impl Path {
             && self.vlan.is_none_or(|(vid, pcp)| vid < 4095 && pcp < 8)
     }
 
+    /// A path known by its far end only, as verbs' `ibv_ah_attr` names one (the remote GID and
+    /// the traffic class): whoever owns the ports resolves our address, the next hop's MAC,
+    /// the VLAN and the UDP source port before it reaches a QP.
+    pub fn toward(remote_ip: IpAddr, dscp: u8) -> Path {
+        Path {
+            local_ip: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            remote_ip,
+            local_mac: [0; 6],
+            remote_mac: [0; 6],
+            udp_sport: 0,
+            dscp,
+            ecn: 2,
+            vlan: None,
+        }
+    }
+
     /// The addressing of simulated endpoints: node `me` is 10.0.0.`me` with MAC
     /// 02:00:00:00:00:`me`, talking to node `other`; DSCP 26, ECT(0), no VLAN.
     pub fn sim(me: u8, other: u8, udp_sport: u16) -> Path {
@@ -195,6 +211,67 @@ pub struct QpAttr {
     pub path: Option<Path>,
     /// Q_Key (UD): datagrams carrying another are dropped.
     pub qkey: Option<u32>,
+}
+
+impl QpAttr {
+    /// An RC connect to `dest_qp` over `path` at `mtu`, every attribute given, with the
+    /// settings RoCE deployments commonly use: PSNs from 0, ACK timeout code 14 (67 ms),
+    /// retry_cnt 7, rnr_retry 7 (forever), min_rnr_timer 1 (0.01 ms), 16 READs/atomics each
+    /// way, remote write, read and atomic allowed; for [`crate::rc::RcQp::connect`]. Change
+    /// fields with struct update syntax.
+    pub fn connect(path: Path, mtu: Mtu, dest_qp: u32) -> Self {
+        QpAttr {
+            state: Some(QpState::Rts),
+            access: Some(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC),
+            pkey_index: Some(0),
+            path_mtu: Some(mtu),
+            dest_qp: Some(dest_qp),
+            rq_psn: Some(0),
+            sq_psn: Some(0),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            min_rnr_timer: Some(1),
+            max_rd_atomic: Some(MAX_RD_ATOMIC),
+            max_dest_rd_atomic: Some(MAX_RD_ATOMIC),
+            path: Some(path),
+            qkey: None,
+        }
+    }
+
+    /// These attributes as the three modifies RESET -> INIT -> RTR -> RTS of an RC QP, each
+    /// with the attributes its transition takes (IBTA table 91's RC column); `state` and
+    /// `qkey` are not taken. An attribute a transition requires and `self` lacks is refused
+    /// by that modify.
+    pub fn rc_steps(&self) -> [QpAttr; 3] {
+        [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(self.pkey_index.unwrap_or(0)),
+                access: self.access,
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                path: self.path,
+                path_mtu: self.path_mtu,
+                dest_qp: self.dest_qp,
+                rq_psn: self.rq_psn,
+                max_dest_rd_atomic: self.max_dest_rd_atomic,
+                min_rnr_timer: self.min_rnr_timer,
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: self.sq_psn,
+                timeout: self.timeout,
+                retry_cnt: self.retry_cnt,
+                rnr_retry: self.rnr_retry,
+                max_rd_atomic: self.max_rd_atomic,
+                ..Default::default()
+            },
+        ]
+    }
 }
 
 /// Why a modify was refused.

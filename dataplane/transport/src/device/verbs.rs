@@ -6,7 +6,7 @@ use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::cq::{CompletionQueue, LatencyHistograms, WorkCompletion};
 use crate::mr::{Access, MrError, MrMemory, PdHandle};
 use crate::qp::{QpAttr, QpConfig, QpState, QpType};
-use crate::rc::{Connect, QpCaps, QpCounters};
+use crate::rc::{QpCaps, QpCounters};
 use crate::wr::{RecvWr, SendWr};
 use wire::time::Instant;
 
@@ -197,7 +197,7 @@ impl Device {
     }
 
     /// Takes a QP to RTS, its packets leaving by `port`.
-    pub fn connect(&mut self, qpn: u32, c: &Connect, port: usize) -> Result<(), DeviceError> {
+    pub fn connect(&mut self, qpn: u32, c: &QpAttr, port: usize) -> Result<(), DeviceError> {
         let (_, s) = self.slot_of(qpn)?;
         s.qp.connect(c)?;
         s.port = port;
@@ -206,11 +206,7 @@ impl Device {
 
     /// Takes several QPs to RTS, their packets leaving by `port`; all or none (the ones
     /// connected go back to RESET when one refuses).
-    pub fn connect_many(
-        &mut self,
-        list: &[(u32, Connect)],
-        port: usize,
-    ) -> Result<(), DeviceError> {
+    pub fn connect_many(&mut self, list: &[(u32, QpAttr)], port: usize) -> Result<(), DeviceError> {
         for (done, (qpn, c)) in list.iter().enumerate() {
             if let Err(e) = self.connect(*qpn, c, port) {
                 let reset = QpAttr {

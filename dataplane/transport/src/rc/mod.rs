@@ -18,7 +18,7 @@
 
 use super::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
-use super::qp::{Path, QpConfig, QpState, QpType};
+use super::qp::{Path, QpAttr, QpConfig, QpState, QpType};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
     ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, SgList, Sge, WrError,
@@ -294,59 +294,6 @@ pub const READ_WINDOW: u32 = 256;
 /// 4 KiB (1.20x the frame rate of copying), loses at 1 KiB (0.82x) and 64 B (0.53x).
 pub const ATTACH_MIN: usize = 2048;
 
-/// Everything an RC QP needs to go RESET -> INIT -> RTR -> RTS in one call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Connect {
-    /// Remote access the QP allows.
-    pub access: super::mr::Access,
-    /// Where the remote end is.
-    pub path: super::qp::Path,
-    /// Path MTU.
-    pub mtu: super::qp::Mtu,
-    /// The remote QP.
-    pub dest_qp: u32,
-    /// First PSN we send.
-    pub sq_psn: u32,
-    /// First PSN we expect.
-    pub rq_psn: u32,
-    /// ACK timeout code (4.096 us * 2^timeout).
-    pub timeout: u8,
-    /// Retries after timeouts and sequence NAKs.
-    pub retry_cnt: u8,
-    /// RNR retries (7 = forever).
-    pub rnr_retry: u8,
-    /// RNR timer code we send.
-    pub min_rnr_timer: u8,
-    /// READs/atomics we may have outstanding.
-    pub max_rd_atomic: u8,
-    /// READs/atomics we accept outstanding.
-    pub max_dest_rd_atomic: u8,
-}
-
-impl Connect {
-    /// A connection to `dest_qp` over `path` at `mtu` with the settings RoCE deployments
-    /// commonly use: PSNs from 0, ACK timeout code 14 (67 ms), retry_cnt 7, rnr_retry 7
-    /// (forever), min_rnr_timer 1 (0.01 ms), 16 READs/atomics each way, remote write, read
-    /// and atomic allowed. Change fields with struct update syntax.
-    pub fn new(path: super::qp::Path, mtu: super::qp::Mtu, dest_qp: u32) -> Self {
-        use super::mr::Access;
-        Connect {
-            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            path,
-            mtu,
-            dest_qp,
-            sq_psn: 0,
-            rq_psn: 0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 1,
-            max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
-        }
-    }
-}
-
 /// One RC queue pair.
 #[derive(Debug)]
 pub struct RcQp {
@@ -461,7 +408,7 @@ impl RcQp {
     }
 
     /// Applies a modify (see [`QpConfig::modify`]) and takes the new PSNs.
-    pub fn modify(&mut self, a: &super::qp::QpAttr) -> Result<(), super::qp::ModifyError> {
+    pub fn modify(&mut self, a: &QpAttr) -> Result<(), super::qp::ModifyError> {
         self.cfg.modify(a)?;
         if let Some(p) = self.cfg.path.as_mut() {
             // IPv4-mapped GIDs as the IPv4 addresses the wire carries, so that the receive
@@ -479,37 +426,17 @@ impl RcQp {
         Ok(())
     }
 
-    /// Takes a QP in RESET through INIT and RTR to RTS; stops at the first refused step.
-    pub fn connect(&mut self, c: &Connect) -> Result<(), super::qp::ModifyError> {
-        use super::qp::QpAttr;
+    /// Takes a QP in RESET through INIT and RTR to RTS with the attributes of `a`
+    /// ([`QpAttr::rc_steps`]; [`QpAttr::connect`] gives them all); stops at the first
+    /// refused step.
+    pub fn connect(&mut self, a: &QpAttr) -> Result<(), super::qp::ModifyError> {
         if self.cfg.qp_type == QpType::Ud {
             return Err(super::qp::ModifyError::Datagram);
         }
-        self.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            access: Some(c.access),
-            ..Default::default()
-        })?;
-        self.modify(&QpAttr {
-            state: Some(QpState::Rtr),
-            path: Some(c.path),
-            path_mtu: Some(c.mtu),
-            dest_qp: Some(c.dest_qp),
-            rq_psn: Some(c.rq_psn),
-            max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
-            min_rnr_timer: Some(c.min_rnr_timer),
-            ..Default::default()
-        })?;
-        self.modify(&QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(c.sq_psn),
-            timeout: Some(c.timeout),
-            retry_cnt: Some(c.retry_cnt),
-            rnr_retry: Some(c.rnr_retry),
-            max_rd_atomic: Some(c.max_rd_atomic),
-            ..Default::default()
-        })
+        for step in a.rc_steps() {
+            self.modify(&step)?;
+        }
+        Ok(())
     }
 
     /// Writes the next frame to send into `out`; false if there is nothing to send. Responses

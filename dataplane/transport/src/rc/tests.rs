@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::mr::Access;
-use crate::qp::{Mtu, Path};
+use crate::qp::{Mtu, Path, QpAttr};
 use crate::wr::{SgList, Sge};
 use core::time::Duration;
 use netsim::{Faults, LinkConfig, NodeId, SimNet};
@@ -72,15 +72,15 @@ fn node_retries(
         },
     )
     .unwrap();
-    qp.connect(&Connect {
-        access: all,
-        sq_psn,
-        rq_psn,
-        retry_cnt,
-        rnr_retry,
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-        ..Connect::new(Path::sim(me, other, 0xc000 | qpn as u16), mtu, peer)
+    qp.connect(&QpAttr {
+        access: Some(all),
+        sq_psn: Some(sq_psn),
+        rq_psn: Some(rq_psn),
+        retry_cnt: Some(retry_cnt),
+        rnr_retry: Some(rnr_retry),
+        max_rd_atomic: Some(4),
+        max_dest_rd_atomic: Some(4),
+        ..QpAttr::connect(Path::sim(me, other, 0xc000 | qpn as u16), mtu, peer)
     })
     .unwrap();
     Node {
@@ -1384,7 +1384,7 @@ fn caps_are_checked_at_create_and_post() {
     )
     .unwrap();
     small
-        .connect(&Connect::new(Path::sim(1, 2, 0xc007), Mtu::M1024, 8))
+        .connect(&QpAttr::connect(Path::sim(1, 2, 0xc007), Mtu::M1024, 8))
         .unwrap();
     let too_many = PostError::Wr(WrError::TooManySge);
     assert_eq!(small.post(wr(write, 3)), Err(too_many));
