@@ -41,7 +41,8 @@ count() {
 }
 
 # Crates that must not reach DPDK (or dataplane) at all, by their dependency trees (Cargo.lock,
-# no network), tests included; and the transport may use the simulator in its tests only.
+# no network), tests included; and the transport may use the simulator only in its tests and
+# behind its `testkit` feature (the harness's pump, for dataplane's simulator runs).
 crates_without_dpdk=(wire netsim transport cli)
 
 if [ "${1:-}" = "--print" ]; then
@@ -85,7 +86,7 @@ for c in "${crates_without_dpdk[@]}"; do
 done
 if cargo tree --offline -q -p transport -e normal,build --prefix none 2>/dev/null \
     | grep -qE '^netsim '; then
-    echo "layers: crate transport depends on netsim outside its tests (cargo tree -p transport -i netsim)" >&2
+    echo "layers: crate transport depends on netsim outside its tests and its testkit feature (cargo tree -p transport -i netsim)" >&2
     bad=1
 fi
 if [ "$bad" -ne 0 ]; then

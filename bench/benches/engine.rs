@@ -8,52 +8,37 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dataplane::PacketBuf;
 use dataplane::buf::HeapBuf;
 use dataplane::time::Instant as SimInstant;
-use dataplane::transport::cq::CompletionQueue;
-use dataplane::transport::mr::{Access, MrTable};
-use dataplane::transport::qp::{Mtu, Path, QpAttr};
-use dataplane::transport::rc::{QpCaps, RcQp};
+use dataplane::transport::mr::Access;
+use dataplane::transport::qp::{Mtu, QpAttr};
+use dataplane::transport::rc::QpCaps;
+use dataplane::transport::testkit::{Node, NodeConfig, sim_attr};
 use dataplane::transport::wr::{SendOp, SendWr, SgList, Sge};
 use std::time::{Duration, Instant};
 
-struct Node {
-    qp: RcQp,
-    mrs: MrTable,
-    scq: CompletionQueue,
-    rcq: CompletionQueue,
-    key: u32,
-}
-
 fn node(qpn: u32, peer: u32, me: u8, other: u8) -> Node {
-    let mut mrs = MrTable::new();
-    let pd = mrs.alloc_pd();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let key = mrs
-        .register(pd, 0x10000, Box::new(vec![7u8; 1 << 20]), all)
-        .unwrap();
-    let mut qp = RcQp::new(
-        qpn,
-        pd,
-        QpCaps {
-            max_send_wr: 1024,
-            max_recv_wr: 1024,
-            ..Default::default()
+    let mut n = Node::new(
+        NodeConfig {
+            access: all,
+            caps: QpCaps {
+                max_send_wr: 1024,
+                max_recv_wr: 1024,
+                ..Default::default()
+            },
+            cq_depth: 1 << 16,
+            ..NodeConfig::new(0x10000, vec![7u8; 1 << 20])
         },
-    )
-    .unwrap();
-    qp.connect(&QpAttr {
-        access: Some(all),
-        max_rd_atomic: Some(4),
-        max_dest_rd_atomic: Some(4),
-        ..QpAttr::connect(Path::sim(me, other, 0xc000), Mtu::M4096, peer)
-    })
-    .unwrap();
-    Node {
-        qp,
-        mrs,
-        scq: CompletionQueue::new(1 << 16),
-        rcq: CompletionQueue::new(1 << 16),
-        key,
-    }
+        &[qpn],
+    );
+    n.qps[0]
+        .connect(&QpAttr {
+            access: Some(all),
+            max_rd_atomic: Some(4),
+            max_dest_rd_atomic: Some(4),
+            ..sim_attr(qpn, me, other, peer, Mtu::M4096)
+        })
+        .unwrap();
+    n
 }
 
 /// Runs `iters` WRITEs of `len` bytes and returns the time spent in (requester, responder,
@@ -87,17 +72,17 @@ fn rounds(a: &mut Node, b: &mut Node, len: u32, iters: u64) -> [Duration; 3] {
             ud: None,
         };
         let s = Instant::now();
-        a.qp.post_send(&wr, wr.wr_id, None).unwrap();
-        assert!(a.qp.poll_transmit(now, &a.mrs, &mut a.scq, &mut a.rcq, &mut frame));
+        a.qps[0].post_send(&wr, wr.wr_id, None).unwrap();
+        assert!(a.transmit(0, now, &mut frame));
         t[0] += s.elapsed();
         let s = Instant::now();
-        b.qp.handle_frame(now, frame.data(), &mut b.mrs, &mut b.scq, &mut b.rcq);
-        assert!(b.qp.poll_transmit(now, &b.mrs, &mut b.scq, &mut b.rcq, &mut ack));
+        b.receive_on(0, now, frame.data());
+        assert!(b.transmit(0, now, &mut ack));
         t[1] += s.elapsed();
         let s = Instant::now();
-        a.qp.handle_frame(now, ack.data(), &mut a.mrs, &mut a.scq, &mut a.rcq);
+        a.receive_on(0, now, ack.data());
         wcs.clear();
-        a.scq.poll(16, &mut wcs);
+        a.scq[0].poll(16, &mut wcs);
         t[2] += s.elapsed();
         assert_eq!(wcs.len(), 1);
     }

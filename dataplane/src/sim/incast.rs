@@ -11,10 +11,10 @@
 use super::{Faults, LinkConfig, NodeId, Pfc, PortStats, Red, SimNet, SwitchConfig};
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::time::Instant;
-use crate::transport::cq::CompletionQueue;
-use crate::transport::mr::{Access, MrTable};
-use crate::transport::qp::{Mtu, Path, QpAttr};
-use crate::transport::rc::{QpCaps, RcQp};
+use crate::transport::mr::Access;
+use crate::transport::qp::{Mtu, QpAttr};
+use crate::transport::rc::RcQp;
+use crate::transport::testkit::{Node, NodeConfig, sim_attr};
 use crate::transport::wr::{SendOp, SendWr, Sge};
 use crate::wire::packet::{Checks, parse};
 use core::time::Duration;
@@ -220,14 +220,6 @@ impl IncastReport {
     }
 }
 
-struct Endpoint {
-    mrs: MrTable,
-    key: u32,
-    qps: Vec<RcQp>,
-    scq: Vec<CompletionQueue>,
-    rcq: Vec<CompletionQueue>,
-}
-
 const BASE: u64 = 0x1000_0000;
 const RECEIVER: NodeId = NodeId(0);
 const SWITCH0: u16 = 1000;
@@ -236,39 +228,24 @@ fn sender_node(i: usize) -> NodeId {
     NodeId(1 + i as u16)
 }
 
-fn endpoint(qpns: &[u32], mem: usize, cc: CcKind, p: DcqcnParams, line: f64) -> Endpoint {
-    let mut mrs = MrTable::new();
-    let pd = mrs.alloc_pd();
-    let key = mrs
-        .register(
-            pd,
-            BASE,
-            Box::new(vec![0x5au8; mem]),
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        )
-        .expect("register");
-    let qps = qpns
-        .iter()
-        .map(|q| {
-            let mut qp = RcQp::new(*q, pd, QpCaps::default()).expect("caps");
-            qp.set_congestion_control(cc, line, p);
-            qp
-        })
-        .collect();
-    Endpoint {
-        mrs,
-        key,
-        qps,
-        scq: qpns.iter().map(|_| CompletionQueue::new(4096)).collect(),
-        rcq: qpns.iter().map(|_| CompletionQueue::new(4096)).collect(),
+fn endpoint(qpns: &[u32], mem: usize, cc: CcKind, p: DcqcnParams, line: f64) -> Node {
+    let mut n = Node::new(
+        NodeConfig {
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            ..NodeConfig::new(BASE, vec![0x5au8; mem])
+        },
+        qpns,
+    );
+    for qp in &mut n.qps {
+        qp.set_congestion_control(cc, line, p);
     }
+    n
 }
 
 fn connect(qp: &mut RcQp, me: u8, other: u8, peer: u32, mtu: Mtu) {
-    let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
     let c = QpAttr {
         access: Some(Access::REMOTE_WRITE),
-        ..QpAttr::connect(path, mtu, peer)
+        ..sim_attr(qp.qpn, me, other, peer, mtu)
     };
     qp.connect(&c).expect("connect");
 }
@@ -277,7 +254,7 @@ fn connect(qp: &mut RcQp, me: u8, other: u8, peer: u32, mtu: Mtu) {
 pub fn run(cfg: &IncastConfig) -> IncastReport {
     let n = cfg.senders.clamp(1, 200);
     let line = cfg.link_bps as f64;
-    let mut senders: Vec<Endpoint> = (0..n)
+    let mut senders: Vec<Node> = (0..n)
         .map(|i| {
             endpoint(
                 &[0x100 + i as u32],
@@ -400,17 +377,13 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
         // Transmit while links are free.
         for (i, s) in senders.iter_mut().enumerate() {
             let node = sender_node(i);
-            while net.busy_until(node, RECEIVER) <= now
-                && s.qps[0].poll_transmit(now, &s.mrs, &mut s.scq[0], &mut s.rcq[0], &mut buf)
-            {
+            while net.busy_until(node, RECEIVER) <= now && s.transmit(0, now, &mut buf) {
                 net.send(now, node, RECEIVER, buf.clone());
             }
         }
-        for (i, qp) in recv.qps.iter_mut().enumerate() {
+        for i in 0..recv.qps.len() {
             let to = sender_node(i);
-            while net.busy_until(RECEIVER, to) <= now
-                && qp.poll_transmit(now, &recv.mrs, &mut recv.scq[i], &mut recv.rcq[i], &mut buf)
-            {
+            while net.busy_until(RECEIVER, to) <= now && recv.transmit(i, now, &mut buf) {
                 net.send(now, RECEIVER, to, buf.clone());
             }
         }
@@ -465,21 +438,17 @@ pub fn run(cfg: &IncastConfig) -> IncastReport {
                 rep.payload += p.payload_len as u64;
                 rep.busy_ns += tx_ns(f.len());
                 let q = (p.dest_qp - 0x1000) as usize;
-                if let Some(qp) = recv.qps.get_mut(q) {
-                    qp.handle_frame(now, &f, &mut recv.mrs, &mut recv.scq[q], &mut recv.rcq[q]);
+                if q < recv.qps.len() {
+                    recv.receive_on(q, now, &f);
                 }
             } else {
-                let i = (to.0 - 1) as usize;
-                let s = &mut senders[i];
-                s.qps[0].handle_frame(now, &f, &mut s.mrs, &mut s.scq[0], &mut s.rcq[0]);
+                senders[(to.0 - 1) as usize].receive_on(0, now, &f);
             }
         }
         for s in senders.iter_mut() {
-            s.qps[0].handle_timeout(now, &mut s.scq[0], &mut s.rcq[0]);
+            s.handle_timeouts(now);
         }
-        for (i, qp) in recv.qps.iter_mut().enumerate() {
-            qp.handle_timeout(now, &mut recv.scq[i], &mut recv.rcq[i]);
-        }
+        recv.handle_timeouts(now);
     }
     rep.port = net.port_stats(last, RECEIVER, end).unwrap_or_default();
     rep.pauses = switches.iter().map(|s| net.pauses(*s)).sum();

@@ -21,10 +21,10 @@ use crate::time::Instant;
 use crate::wire::packet::{Checks, parse};
 use core::time::Duration;
 use std::collections::VecDeque;
-use transport::cq::{CompletionQueue, WcOpcode, WcStatus};
-use transport::mr::{Access, MrTable, PdHandle};
-use transport::qp::{Mtu, Path, QpAttr, QpState};
+use transport::cq::{WcOpcode, WcStatus};
+use transport::qp::{Mtu, QpAttr, QpState};
 use transport::rc::{QpCaps, RcQp};
+use transport::testkit::{Node, NodeConfig, sim_attr};
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 
 /// What to run.
@@ -86,12 +86,9 @@ const BASE: u64 = 0x1000_0000;
 /// SENDs and WRITEs up to this size are posted inline a third of the time.
 const INLINE: u32 = 256;
 
+/// One host of the soak: the harness's node and a model of each QP's target area.
 struct Side {
-    mrs: MrTable,
-    key: u32,
-    qps: Vec<RcQp>,
-    scq: Vec<CompletionQueue>,
-    rcq: Vec<CompletionQueue>,
+    node: Node,
     /// Model of each QP's target area.
     model: Vec<Vec<u8>>,
 }
@@ -128,8 +125,6 @@ struct RecvExpect {
 }
 
 fn side(n: usize, me: u8, seed: u64) -> Side {
-    let mut mrs = MrTable::new();
-    let pd: PdHandle = mrs.alloc_pd();
     let mut rng = SplitMix64::new(seed);
     let mut mem = vec![0u8; PER_QP as usize * n];
     for b in mem.iter_mut() {
@@ -138,43 +133,28 @@ fn side(n: usize, me: u8, seed: u64) -> Side {
     let model = (0..n)
         .map(|i| mem[(i as u64 * PER_QP + T_OFF) as usize..][..AREA as usize].to_vec())
         .collect();
-    let all =
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let key = mrs
-        .register(pd, BASE, Box::new(mem), all)
-        .expect("register");
-    let qps = (0..n)
-        .map(|i| {
-            RcQp::new(
-                0x100 * me as u32 + i as u32,
-                pd,
-                QpCaps {
-                    max_inline_data: INLINE,
-                    ..QpCaps::default()
-                },
-            )
-            .expect("caps")
-        })
-        .collect();
+    let qpns: Vec<u32> = (0..n).map(|i| 0x100 * me as u32 + i as u32).collect();
+    let cfg = NodeConfig {
+        caps: QpCaps {
+            max_inline_data: INLINE,
+            ..QpCaps::default()
+        },
+        ..NodeConfig::new(BASE, mem)
+    };
     Side {
-        mrs,
-        key,
-        qps,
-        scq: (0..n).map(|_| CompletionQueue::new(4096)).collect(),
-        rcq: (0..n).map(|_| CompletionQueue::new(4096)).collect(),
+        node: Node::new(cfg, &qpns),
         model,
     }
 }
 
 fn connect(qp: &mut RcQp, peer: u32, me: u8, other: u8, mtu: Mtu) {
-    // QpAttr::connect's timeout is 67 ms, as RoCE deployments commonly set it: with 8 QPs of 1 MiB
-    // messages queued on one link and go-back-N under 10 % loss, a shorter timer fires while
-    // data is still queued and its spurious retransmissions feed the queue.
-    let path = Path::sim(me, other, 0xc000 | (qp.qpn as u16 & 0x3fff));
+    // QpAttr::connect's timeout is 67 ms, as RoCE deployments commonly set it: with 8 QPs of
+    // 1 MiB messages queued on one link and go-back-N under 10 % loss, a shorter timer fires
+    // while data is still queued and its spurious retransmissions feed the queue.
     let c = QpAttr {
         sq_psn: Some(0xff_ff00),
         rq_psn: Some(0xff_ff00),
-        ..QpAttr::connect(path, mtu, peer)
+        ..sim_attr(qp.qpn, me, other, peer, mtu)
     };
     qp.connect(&c).expect("connect");
 }
@@ -246,9 +226,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
     for i in 0..n {
         let mtu = mtus[rng.below(5) as usize];
         let (a, b) = sides.split_at_mut(1);
-        let (qa, qb) = (a[0].qps[i].qpn, b[0].qps[i].qpn);
-        connect(&mut a[0].qps[i], qb, 1, 2, mtu);
-        connect(&mut b[0].qps[i], qa, 2, 1, mtu);
+        let (qa, qb) = (a[0].node.qps[i].qpn, b[0].node.qps[i].qpn);
+        connect(&mut a[0].node.qps[i], qb, 1, 2, mtu);
+        connect(&mut b[0].node.qps[i], qa, 2, 1, mtu);
     }
     let mut net = SimNet::new(cfg.seed ^ 0x5eed);
     let l = LinkConfig {
@@ -330,8 +310,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
             let src = rng.below(AREA - size as u64 + 1);
             let dst = rng.below(AREA - size as u64 + 1);
             let src_bytes = mine
+                .node
                 .mrs
-                .get(mine.key)
+                .get(mine.node.key)
                 .expect("key")
                 .to_vec(BASE + q as u64 * PER_QP + S_OFF + src, size as usize)
                 .expect("src");
@@ -353,9 +334,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     let imm = rng.chance(0.5).then(|| rng.next_u64() as u32);
                     let rwr = RecvWr {
                         wr_id: id,
-                        sg: sge(theirs.key, q, R_OFF, at, size),
+                        sg: sge(theirs.node.key, q, R_OFF, at, size),
                     };
-                    if theirs.qps[q].post_recv(rwr).is_err() {
+                    if theirs.node.qps[q].post_recv(rwr).is_err() {
                         continue;
                     }
                     recvs[peer][q].push_back(RecvExpect {
@@ -368,7 +349,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
                     (
                         op,
-                        sge(mine.key, q, S_OFF, src, size),
+                        sge(mine.node.key, q, S_OFF, src, size),
                         Expect::Done(WcOpcode::Send),
                     )
                 }
@@ -382,9 +363,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         };
                         let rwr = RecvWr {
                             wr_id: id,
-                            sg: sge(theirs.key, q, R_OFF, at, 0),
+                            sg: sge(theirs.node.key, q, R_OFF, at, 0),
                         };
-                        if theirs.qps[q].post_recv(rwr).is_err() {
+                        if theirs.node.qps[q].post_recv(rwr).is_err() {
                             continue;
                         }
                         recvs[peer][q].push_back(RecvExpect {
@@ -400,17 +381,17 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     let op = match imm {
                         Some(imm) => SendOp::WriteWithImm {
                             remote_addr: remote,
-                            rkey: theirs.key,
+                            rkey: theirs.node.key,
                             imm,
                         },
                         None => SendOp::Write {
                             remote_addr: remote,
-                            rkey: theirs.key,
+                            rkey: theirs.node.key,
                         },
                     };
                     (
                         op,
-                        sge(mine.key, q, S_OFF, src, size),
+                        sge(mine.node.key, q, S_OFF, src, size),
                         Expect::Done(WcOpcode::RdmaWrite),
                     )
                 }
@@ -423,9 +404,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     (
                         SendOp::Read {
                             remote_addr: remote,
-                            rkey: theirs.key,
+                            rkey: theirs.node.key,
                         },
-                        sge(mine.key, q, K_OFF, at, size),
+                        sge(mine.node.key, q, K_OFF, at, size),
                         Expect::Read { at, data },
                     )
                 }
@@ -444,7 +425,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         (
                             SendOp::FetchAdd {
                                 remote_addr: remote,
-                                rkey: theirs.key,
+                                rkey: theirs.node.key,
                                 add,
                             },
                             cur.wrapping_add(add),
@@ -457,7 +438,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         (
                             SendOp::CmpSwap {
                                 remote_addr: remote,
-                                rkey: theirs.key,
+                                rkey: theirs.node.key,
                                 compare,
                                 swap,
                             },
@@ -469,7 +450,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     target = Some((word, 8));
                     (
                         op,
-                        sge(mine.key, q, K_OFF, at, 8),
+                        sge(mine.node.key, q, K_OFF, at, 8),
                         Expect::Atomic {
                             at,
                             orig: cur,
@@ -496,9 +477,9 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     sg: SgList::new(),
                     ..wr
                 };
-                mine.qps[q].post_send(&wr, wr.wr_id, Some(&src_bytes))
+                mine.node.qps[q].post_send(&wr, wr.wr_id, Some(&src_bytes))
             } else {
-                mine.qps[q].post_send(&wr, wr.wr_id, None)
+                mine.node.qps[q].post_send(&wr, wr.wr_id, None)
             };
             if let Err(e) = posted_wr {
                 fail(&mut report, format!("post_send refused: {e}"));
@@ -517,7 +498,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         let mut moved = false;
         for (si, s) in sides.iter_mut().enumerate() {
             for q in 0..n {
-                while s.qps[q].poll_transmit(now, &s.mrs, &mut s.scq[q], &mut s.rcq[q], &mut buf) {
+                while s.node.transmit(q, now, &mut buf) {
                     if std::env::var_os("SOAK_TRACE_TX").is_some()
                         && let Ok(p) = parse(&buf, Checks::NONE)
                     {
@@ -535,15 +516,14 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                 }
             }
         }
-        let mut next = net.next_delivery();
-        for s in &sides {
-            for qp in &s.qps {
-                next = match (next, qp.poll_timeout()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-        }
+        let next = [
+            net.next_delivery(),
+            sides[0].node.poll_timeout(),
+            sides[1].node.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         if let Some(t) = next {
             now = now.max(t);
             while let Some((_, to, f)) = net.deliver(now) {
@@ -572,17 +552,10 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         p.ext.reth().map(|r| (r.va, r.dma_len))
                     );
                 }
-                let s = &mut sides[to.0 as usize];
-                if let Ok(p) = parse(&f, Checks::NONE)
-                    && let Some(q) = s.qps.iter().position(|qp| qp.qpn == p.dest_qp)
-                {
-                    s.qps[q].handle_frame(now, &f, &mut s.mrs, &mut s.scq[q], &mut s.rcq[q]);
-                }
+                sides[to.0 as usize].node.receive(now, &f);
             }
             for s in sides.iter_mut() {
-                for (q, qp) in s.qps.iter_mut().enumerate() {
-                    qp.handle_timeout(now, &mut s.scq[q], &mut s.rcq[q]);
-                }
+                s.node.handle_timeouts(now);
             }
             moved = true;
         }
@@ -592,7 +565,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         for si in 0..2 {
             for q in 0..n {
                 wcs.clear();
-                sides[si].scq[q].poll(usize::MAX, &mut wcs);
+                sides[si].node.scq[q].poll(usize::MAX, &mut wcs);
                 for c in &wcs {
                     let Some(p) = posted[si][q].pop_front() else {
                         fail(
@@ -645,7 +618,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         );
                         break;
                     }
-                    let mem = sides[si].mrs.get(sides[si].key).expect("key");
+                    let mem = sides[si].node.mrs.get(sides[si].node.key).expect("key");
                     let k = BASE + q as u64 * PER_QP + K_OFF;
                     match &p.expect {
                         Expect::Done(op) if *op != c.opcode => {
@@ -684,7 +657,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                     report.completed += 1;
                 }
                 wcs.clear();
-                sides[si].rcq[q].poll(usize::MAX, &mut wcs);
+                sides[si].node.rcq[q].poll(usize::MAX, &mut wcs);
                 for c in &wcs {
                     let Some(r) = recvs[si][q].pop_front() else {
                         fail(
@@ -704,7 +677,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
                         rrings[si][q].free_oldest();
                         continue;
                     }
-                    let mem = sides[si].mrs.get(sides[si].key).expect("key");
+                    let mem = sides[si].node.mrs.get(sides[si].node.key).expect("key");
                     let at = BASE + q as u64 * PER_QP + R_OFF + r.at;
                     let ok = c.wr_id == r.wr_id
                         && c.status == WcStatus::Success
@@ -729,16 +702,16 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
         // A dead pair's QPs both go to ERR, as an application would take them down.
         for q in kill {
             for s in sides.iter_mut() {
-                if s.qps[q].cfg.state == QpState::Err {
+                if s.node.qps[q].cfg.state == QpState::Err {
                     continue;
                 }
                 let err = QpAttr {
                     state: Some(QpState::Err),
                     ..Default::default()
                 };
-                if s.qps[q].modify(&err).is_ok() {
-                    s.qps[q].flush(&mut s.scq[q]);
-                    s.qps[q].flush_recv(&mut s.rcq[q]);
+                if s.node.qps[q].modify(&err).is_ok() {
+                    s.node.qps[q].flush(&mut s.node.scq[q]);
+                    s.node.qps[q].flush_recv(&mut s.node.rcq[q]);
                 }
             }
         }
@@ -760,7 +733,7 @@ pub fn run(cfg: &SoakConfig) -> SoakReport {
     }
     // Every target area equals the model, but for the bytes a failed WRITE or atomic changed.
     for (si, s) in sides.iter().enumerate() {
-        let mem = s.mrs.get(s.key).expect("key");
+        let mem = s.node.mrs.get(s.node.key).expect("key");
         for (q, undefined) in undefined[si].iter().enumerate() {
             let got = mem
                 .to_vec(BASE + q as u64 * PER_QP + T_OFF, AREA as usize)

@@ -8,7 +8,8 @@
 //! state machine with the attributes each transition needs ([`qp`]), work requests and their
 //! segmentation ([`wr`]), the responder's check chain ([`resp_check`]), per-QP deadlines
 //! ([`timers`]). The engine: [`rc::RcQp`]; its congestion control: [`cc`] (DCQCN).
-//! [`ops`]: arbitrary operation sequences against two QPs (the engine's fuzz target).
+//! [`ops`]: arbitrary operation sequences against two QPs (the engine's fuzz target);
+//! [`testkit`]: the two-QP harness the tests, the simulator runs and the benchmarks share.
 //!
 //! This crate depends on `wire` alone (and small pure crates): the compiler keeps DPDK, ports,
 //! lcores and clocks out (ARCHITECTURE.md). On an lcore, `dataplane::host::RdmaHost` runs a
@@ -25,5 +26,6 @@ pub mod perftest;
 pub mod qp;
 pub mod rc;
 pub mod resp_check;
+pub mod testkit;
 pub mod timers;
 pub mod wr;

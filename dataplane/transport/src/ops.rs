@@ -13,9 +13,10 @@
 //! - a QP in ERR holds no work: everything posted to it has completed (flushed if need be).
 
 use super::cq::CompletionQueue;
-use super::mr::{Access, MrTable};
-use super::qp::{Mtu, Path, QpAttr, QpState};
-use super::rc::{QpCaps, RcQp};
+use super::mr::Access;
+use super::qp::{Mtu, QpAttr, QpState};
+use super::rc::QpCaps;
+use super::testkit::{Node, NodeConfig, sim_attr};
 use super::wr::{RecvWr, SendOp, SendWr, SgList, Sge};
 use std::collections::{HashMap, VecDeque};
 use wire::aeth::{self, Syndrome};
@@ -29,13 +30,10 @@ const LEN: usize = 64 << 10;
 const GUARD: u64 = 0x40_0000;
 const GUARD_LEN: usize = 4096;
 
+/// One side: the harness's node (one QP), a guard region, what completed.
 #[derive(Debug)]
 struct Side {
-    qp: RcQp,
-    mrs: MrTable,
-    scq: CompletionQueue,
-    rcq: CompletionQueue,
-    key: u32,
+    node: Node,
     guard_key: u32,
     /// Times each posted work request completed, by wr_id (sends and receives apart).
     sends: HashMap<u64, u32>,
@@ -45,50 +43,45 @@ struct Side {
 }
 
 fn side(qpn: u32, peer: u32, me: u8, other: u8) -> Side {
-    let mut mrs = MrTable::new();
-    let pd = mrs.alloc_pd();
-    let all =
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let key = mrs
-        .register(pd, BASE, Box::new(vec![me; LEN]), all)
-        .expect("region");
-    let guard_key = mrs
+    let mut node = Node::new(
+        NodeConfig {
+            caps: QpCaps {
+                max_send_wr: 32,
+                max_recv_wr: 32,
+                max_inline_data: 64,
+                ..Default::default()
+            },
+            cq_depth: 1024,
+            ..NodeConfig::new(BASE, vec![me; LEN])
+        },
+        &[qpn],
+    );
+    let guard_key = node
+        .mrs
         .register(
-            pd,
+            node.qps[0].pd,
             GUARD,
             Box::new(vec![0x5a; GUARD_LEN]),
             Access::LOCAL_WRITE,
         )
         .expect("guard region");
-    let mut qp = RcQp::new(
-        qpn,
-        pd,
-        QpCaps {
-            max_send_wr: 32,
-            max_recv_wr: 32,
-            max_inline_data: 64,
-            ..Default::default()
-        },
-    )
-    .expect("caps");
-    qp.connect(&QpAttr {
-        access: Some(all),
-        sq_psn: Some(0xff_fff0),
-        rq_psn: Some(0xff_fff0),
-        retry_cnt: Some(3),
-        rnr_retry: Some(3),
-        timeout: Some(10),
-        max_rd_atomic: Some(4),
-        max_dest_rd_atomic: Some(4),
-        ..QpAttr::connect(Path::sim(me, other, 0xc000 | qpn as u16), Mtu::M1024, peer)
-    })
-    .expect("connect");
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    node.qps[0]
+        .connect(&QpAttr {
+            access: Some(all),
+            sq_psn: Some(0xff_fff0),
+            rq_psn: Some(0xff_fff0),
+            retry_cnt: Some(3),
+            rnr_retry: Some(3),
+            timeout: Some(10),
+            max_rd_atomic: Some(4),
+            max_dest_rd_atomic: Some(4),
+            ..sim_attr(qpn, me, other, peer, Mtu::M1024)
+        })
+        .expect("connect");
     Side {
-        qp,
-        mrs,
-        scq: CompletionQueue::new(1024),
-        rcq: CompletionQueue::new(1024),
-        key,
+        node,
         guard_key,
         sends: HashMap::new(),
         recvs: HashMap::new(),
@@ -174,11 +167,11 @@ impl Run {
                 let (len, at) = (b.u16() as u32 % 8192, b.u16() as u64 % LEN as u64);
                 let s = &mut self.s[who];
                 let key = if b.u8() < 250 {
-                    s.key
+                    s.node.key
                 } else {
                     s.guard_key ^ 0x100
                 };
-                if s.qp
+                if s.node.qps[0]
                     .post_recv(RecvWr {
                         wr_id: id,
                         sg: sg(key, BASE + at, len),
@@ -216,9 +209,9 @@ impl Run {
                     ..Default::default()
                 };
                 let s = &mut self.s[who];
-                if s.qp.modify(&err).is_ok() {
-                    s.qp.flush(&mut s.scq);
-                    s.qp.flush_recv(&mut s.rcq);
+                if s.node.qps[0].modify(&err).is_ok() {
+                    s.node.qps[0].flush(&mut s.node.scq[0]);
+                    s.node.qps[0].flush_recv(&mut s.node.rcq[0]);
                 }
             }
             14 | 15 => self.forge(who, b),
@@ -234,7 +227,7 @@ impl Run {
         let span = (LEN - 9000) as u64;
         let (at, rat) = (b.u16() as u64 % span, b.u16() as u64 % span);
         let flags = b.u8();
-        let peer_key = self.s[1 - who].key;
+        let peer_key = self.s[1 - who].node.key;
         let s = &mut self.s[who];
         // Mostly within the regions; sometimes a wrong key, or the guard region's.
         let rkey = match flags & 7 {
@@ -245,7 +238,7 @@ impl Run {
         let lkey = if flags & 0x38 == 0x38 {
             s.guard_key ^ 1
         } else {
-            s.key
+            s.node.key
         };
         let op = match k {
             0 if flags & 0x20 != 0 => SendOp::WriteWithImm {
@@ -289,7 +282,7 @@ impl Run {
             inline: false,
             ud: None,
         };
-        if s.qp.post_send(&wr, wr.wr_id, None).is_ok() {
+        if s.node.qps[0].post_send(&wr, wr.wr_id, None).is_ok() {
             s.sends.insert(id, 0);
         }
     }
@@ -306,13 +299,13 @@ impl Run {
         let Ok(mut repr) = RoceRepr::parse(&t, &info) else {
             return;
         };
-        let expected = self.s[who].qp.cfg.rq_psn;
+        let expected = self.s[who].node.qps[0].cfg.rq_psn;
         repr.bth.opcode = b.u8();
         repr.bth.psn = expected.add(b.u8() as u32).sub(128);
         repr.bth.ack_req = true;
         let key = match b.u8() % 4 {
             0 => b.u32(),
-            _ => self.s[who].key,
+            _ => self.s[who].node.key,
         };
         repr.ext = ExtRepr {
             reth: Some(reth::Repr {
@@ -347,7 +340,7 @@ impl Run {
     fn deliver(&mut self, to: usize, f: &[u8]) {
         let now = self.now;
         let s = &mut self.s[to];
-        s.qp.handle_frame(now, f, &mut s.mrs, &mut s.scq, &mut s.rcq);
+        s.node.receive_on(0, now, f);
     }
 
     /// Each side sends what it has, onto the wire towards the other.
@@ -358,11 +351,7 @@ impl Run {
                 let now = self.now;
                 let s = &mut self.s[i];
                 let mut f = Vec::new();
-                if guard > 4096
-                    || !s
-                        .qp
-                        .poll_transmit(now, &s.mrs, &mut s.scq, &mut s.rcq, &mut f)
-                {
+                if guard > 4096 || !s.node.transmit(0, now, &mut f) {
                     break;
                 }
                 guard += 1;
@@ -376,8 +365,8 @@ impl Run {
 
     fn timers(&mut self) {
         for s in &mut self.s {
-            if s.qp.poll_timeout().is_some_and(|t| t <= self.now) {
-                s.qp.handle_timeout(self.now, &mut s.scq, &mut s.rcq);
+            if s.node.qps[0].poll_timeout().is_some_and(|t| t <= self.now) {
+                s.node.qps[0].handle_timeout(self.now, &mut s.node.scq[0], &mut s.node.rcq[0]);
             }
         }
     }
@@ -385,9 +374,10 @@ impl Run {
     /// Takes every completion, checking none completes twice.
     fn collect(&mut self) {
         for s in &mut self.s {
-            count_once(&mut s.scq, &mut s.sends, "send");
-            count_once(&mut s.rcq, &mut s.recvs, "receive");
+            count_once(&mut s.node.scq[0], &mut s.sends, "send");
+            count_once(&mut s.node.rcq[0], &mut s.recvs, "receive");
             let guard = s
+                .node
                 .mrs
                 .get(s.guard_key)
                 .expect("guard")
@@ -406,7 +396,11 @@ impl Run {
             } else if let Some(f) = self.wire[1].pop_front() {
                 self.deliver(1, &f);
             } else {
-                let next = self.s.iter().filter_map(|s| s.qp.poll_timeout()).min();
+                let next = self
+                    .s
+                    .iter()
+                    .filter_map(|s| s.node.qps[0].poll_timeout())
+                    .min();
                 match next {
                     Some(t) => {
                         self.now = self.now.max(t);
@@ -426,10 +420,10 @@ impl Run {
             assert!(
                 open.is_empty(),
                 "side {i} ({:?}): sends never completed: {open:?}",
-                s.qp.cfg.state
+                s.node.qps[0].cfg.state
             );
-            assert_eq!(s.qp.outstanding(), 0, "side {i}");
-            if s.qp.cfg.state == QpState::Err {
+            assert_eq!(s.node.qps[0].outstanding(), 0, "side {i}");
+            if s.node.qps[0].cfg.state == QpState::Err {
                 let open: Vec<_> = s.recvs.iter().filter(|(_, n)| **n == 0).collect();
                 assert!(open.is_empty(), "side {i} in ERR kept receives: {open:?}");
             }

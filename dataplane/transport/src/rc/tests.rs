@@ -3,18 +3,10 @@
 use super::*;
 use crate::mr::Access;
 use crate::qp::{Mtu, Path, QpAttr};
+use crate::testkit::{LinkPair, Node, NodeConfig, pump as link_pump, sim_attr};
 use crate::wr::{SgList, Sge};
-use core::time::Duration;
-use netsim::{Faults, LinkConfig, NodeId, SimNet};
+use netsim::Faults;
 use wire::time::Instant;
-
-struct Node {
-    qp: RcQp,
-    mrs: MrTable,
-    scq: CompletionQueue,
-    rcq: CompletionQueue,
-    key: u32,
-}
 
 /// The one post entry point, by value, as the tests post.
 trait PostByValue {
@@ -22,6 +14,17 @@ trait PostByValue {
     fn post(&mut self, wr: SendWr) -> Result<(), PostError>;
     /// Posts `wr` with `data` inline.
     fn post_inline(&mut self, wr: SendWr, data: &[u8]) -> Result<(), PostError>;
+}
+
+/// A harness node posts on its (one) QP.
+impl PostByValue for Node {
+    fn post(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.qps[0].post(wr)
+    }
+
+    fn post_inline(&mut self, wr: SendWr, data: &[u8]) -> Result<(), PostError> {
+        self.qps[0].post_inline(wr, data)
+    }
 }
 
 impl PostByValue for RcQp {
@@ -53,43 +56,37 @@ fn node_retries(
     retry_cnt: u8,
     rnr_retry: u8,
 ) -> Node {
-    let mut mrs = MrTable::new();
-    let pd = mrs.alloc_pd();
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mem: Vec<u8> = (0..LEN)
         .map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(me as u32) as u8)
         .collect();
-    let key = mrs.register(pd, BASE, Box::new(mem), all).unwrap();
-    let mut qp = RcQp::new(
-        qpn,
-        pd,
-        QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_inline_data: 400,
-            ..Default::default()
+    let mut n = Node::new(
+        NodeConfig {
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_inline_data: 400,
+                ..Default::default()
+            },
+            cq_depth: 256,
+            ..NodeConfig::new(BASE, mem)
         },
-    )
-    .unwrap();
-    qp.connect(&QpAttr {
-        access: Some(all),
-        sq_psn: Some(sq_psn),
-        rq_psn: Some(rq_psn),
-        retry_cnt: Some(retry_cnt),
-        rnr_retry: Some(rnr_retry),
-        max_rd_atomic: Some(4),
-        max_dest_rd_atomic: Some(4),
-        ..QpAttr::connect(Path::sim(me, other, 0xc000 | qpn as u16), mtu, peer)
-    })
-    .unwrap();
-    Node {
-        qp,
-        mrs,
-        scq: CompletionQueue::new(256),
-        rcq: CompletionQueue::new(256),
-        key,
-    }
+        &[qpn],
+    );
+    n.qps[0]
+        .connect(&QpAttr {
+            access: Some(all),
+            sq_psn: Some(sq_psn),
+            rq_psn: Some(rq_psn),
+            retry_cnt: Some(retry_cnt),
+            rnr_retry: Some(rnr_retry),
+            max_rd_atomic: Some(4),
+            max_dest_rd_atomic: Some(4),
+            ..sim_attr(qpn, me, other, peer, mtu)
+        })
+        .unwrap();
+    n
 }
 
 fn pair(mtu: Mtu, psn_a: u32, psn_b: u32) -> (Node, Node) {
@@ -112,7 +109,7 @@ fn pump_with(
     })
 }
 
-/// [`pump_with`] with `ab` faults on the link from a to b.
+/// [`pump_with`] with `ab` faults on the link from a to b (the harness's [`link_pump`]).
 fn pump_on(
     a: &mut Node,
     b: &mut Node,
@@ -120,59 +117,7 @@ fn pump_on(
     until: Instant,
     drop: &mut dyn FnMut(u16, &[u8], Instant) -> bool,
 ) -> Instant {
-    let mut net = SimNet::new(1);
-    let l = LinkConfig {
-        latency: Duration::from_micros(1),
-        bandwidth_bps: 100_000_000_000,
-        faults: Faults::default(),
-    };
-    net.link(NodeId(1), NodeId(0), l);
-    net.link(NodeId(0), NodeId(1), LinkConfig { faults: ab, ..l });
-    let mut now = Instant(0);
-    let mut buf = Vec::new();
-    let (na, nb) = (NodeId(0), NodeId(1));
-    loop {
-        // Like a NIC: a frame goes only when the link has finished the previous one.
-        while net.busy_until(na, nb) <= now
-            && a.qp
-                .poll_transmit(now, &a.mrs, &mut a.scq, &mut a.rcq, &mut buf)
-        {
-            if !drop(0, &buf, now) {
-                net.send(now, na, nb, buf.clone());
-            }
-        }
-        while net.busy_until(nb, na) <= now
-            && b.qp
-                .poll_transmit(now, &b.mrs, &mut b.scq, &mut b.rcq, &mut buf)
-        {
-            if !drop(1, &buf, now) {
-                net.send(now, nb, na, buf.clone());
-            }
-        }
-        let link_free = [net.busy_until(na, nb), net.busy_until(nb, na)]
-            .into_iter()
-            .filter(|t| *t > now);
-        let next = [
-            net.next_delivery(),
-            a.qp.poll_timeout(),
-            b.qp.poll_timeout(),
-        ]
-        .into_iter()
-        .flatten()
-        .chain(link_free)
-        .min();
-        let Some(t) = next else { return now };
-        if t > until {
-            return now;
-        }
-        now = now.max(t);
-        while let Some((_, to, f)) = net.deliver(now) {
-            let n = if to == NodeId(1) { &mut *b } else { &mut *a };
-            n.qp.handle_frame(now, &f, &mut n.mrs, &mut n.scq, &mut n.rcq);
-        }
-        a.qp.handle_timeout(now, &mut a.scq, &mut a.rcq);
-        b.qp.handle_timeout(now, &mut b.scq, &mut b.rcq);
-    }
+    link_pump(a, b, LinkPair::fast(ab), Instant(0), until, drop)
 }
 
 fn pump(a: &mut Node, b: &mut Node) -> Instant {
@@ -242,20 +187,20 @@ fn write_of_every_size_lands_byte_for_byte() {
                 inline: false,
                 ud: None,
             };
-            a.qp.post(wr).unwrap();
+            a.post(wr).unwrap();
             pump(&mut a, &mut b);
             assert_eq!(
                 bytes(&b, BASE + 3, len as usize),
                 bytes(&a, BASE + 100, len as usize),
                 "{len} B at {mtu:?}"
             );
-            let c = polled(&mut a.scq);
+            let c = polled(&mut a.scq[0]);
             assert_eq!(c.len(), 1, "{len} B: {c:?}");
             assert_eq!(
                 (c[0].status, c[0].opcode, c[0].wr_id),
                 (WcStatus::Success, WcOpcode::RdmaWrite, len as u64)
             );
-            assert_eq!(a.qp.outstanding(), 0);
+            assert_eq!(a.qps[0].outstanding(), 0);
         }
     }
 }
@@ -264,11 +209,12 @@ fn write_of_every_size_lands_byte_for_byte() {
 fn send_with_immediate_and_invalidate_into_receive_buffers() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     for i in 0..3u64 {
-        b.qp.post_recv(RecvWr {
-            wr_id: 100 + i,
-            sg: sg(b.key, BASE + i * 8192, 8192),
-        })
-        .unwrap();
+        b.qps[0]
+            .post_recv(RecvWr {
+                wr_id: 100 + i,
+                sg: sg(b.key, BASE + i * 8192, 8192),
+            })
+            .unwrap();
     }
     let ops = [
         SendOp::Send,
@@ -277,7 +223,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
     ];
     for (i, opv) in ops.iter().enumerate() {
         let len = [3000u32, 1024, 0][i];
-        a.qp.post(SendWr {
+        a.post(SendWr {
             wr_id: i as u64,
             op: *opv,
             sg: sg(a.key, BASE + 50, len),
@@ -290,7 +236,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
         .unwrap();
     }
     pump(&mut a, &mut b);
-    let r = polled(&mut b.rcq);
+    let r = polled(&mut b.rcq[0]);
     assert_eq!(r.len(), 3);
     assert_eq!(
         (r[0].wr_id, r[0].byte_len, r[0].imm_data),
@@ -305,7 +251,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
         (102, 0, Some(0x77))
     );
     assert_eq!(bytes(&b, BASE, 3000), bytes(&a, BASE + 50, 3000));
-    let s = polled(&mut a.scq);
+    let s = polled(&mut a.scq[0]);
     assert_eq!(
         s.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![
@@ -320,7 +266,7 @@ fn send_with_immediate_and_invalidate_into_receive_buffers() {
 fn read_and_atomics_return_remote_data() {
     let (mut a, mut b) = pair(Mtu::M1024, 0xff_fffe, 0x100);
     let remote = bytes(&b, BASE + 7, 5000);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 7,
@@ -337,9 +283,9 @@ fn read_and_atomics_return_remote_data() {
     // Put a known value at an aligned remote word, then fetch-add and compare-swap it.
     let target = BASE + 0x8_0000;
     set_word(&mut b, target, 41);
-    a.qp.post(fetch_add(&a, &b, 2, target, 1, BASE + 0x9_0000))
+    a.post(fetch_add(&a, &b, 2, target, 1, BASE + 0x9_0000))
         .unwrap();
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 3,
         op: SendOp::CmpSwap {
             remote_addr: target,
@@ -368,7 +314,7 @@ fn read_and_atomics_return_remote_data() {
         "compare-swap sees the added value"
     );
     assert_eq!(bytes(&b, target, 8), 7u64.to_le_bytes(), "and swaps it");
-    let c = polled(&mut a.scq);
+    let c = polled(&mut a.scq[0]);
     assert_eq!(
         c.iter()
             .map(|c| (c.wr_id, c.status, c.opcode))
@@ -386,14 +332,15 @@ fn rkey_violation_naks_errors_and_flushes() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     for n in [&mut a, &mut b] {
         let key = n.key;
-        n.qp.post_recv(RecvWr {
-            wr_id: 70,
-            sg: sg(key, BASE, 64),
-        })
-        .unwrap();
+        n.qps[0]
+            .post_recv(RecvWr {
+                wr_id: 70,
+                sg: sg(key, BASE, 64),
+            })
+            .unwrap();
     }
     for (i, rkey) in [(1u64, b.key ^ 2), (2, b.key), (3, b.key)] {
-        a.qp.post(SendWr {
+        a.post(SendWr {
             wr_id: i,
             op: SendOp::Write {
                 remote_addr: BASE,
@@ -409,7 +356,7 @@ fn rkey_violation_naks_errors_and_flushes() {
         .unwrap();
     }
     pump(&mut a, &mut b);
-    let c = polled(&mut a.scq);
+    let c = polled(&mut a.scq[0]);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![
@@ -418,9 +365,9 @@ fn rkey_violation_naks_errors_and_flushes() {
             (3, WcStatus::WrFlushErr)
         ]
     );
-    assert_eq!(a.qp.cfg.state, QpState::Err);
+    assert_eq!(a.qps[0].cfg.state, QpState::Err);
     assert_eq!(
-        b.qp.cfg.state,
+        b.qps[0].cfg.state,
         QpState::Err,
         "the responder's QP goes to error too"
     );
@@ -428,7 +375,7 @@ fn rkey_violation_naks_errors_and_flushes() {
     // are flushed.
     for n in [&mut a, &mut b] {
         assert_eq!(
-            polled(&mut n.rcq)
+            polled(&mut n.rcq[0])
                 .iter()
                 .map(|c| (c.wr_id, c.status))
                 .collect::<Vec<_>>(),
@@ -465,7 +412,7 @@ fn write_wr(a: &Node, b: &Node, id: u64, len: u32) -> SendWr {
 #[test]
 fn rnr_is_retried_until_a_receive_is_posted() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -487,12 +434,13 @@ fn rnr_is_retried_until_a_receive_is_posted() {
         rnr >= 5,
         "RNR NAKs every 10 us while no receive is posted: {rnr}"
     );
-    assert!(polled(&mut a.scq).is_empty());
-    b.qp.post_recv(RecvWr {
-        wr_id: 1,
-        sg: sg(b.key, BASE, 4096),
-    })
-    .unwrap();
+    assert!(polled(&mut a.scq[0]).is_empty());
+    b.qps[0]
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sg: sg(b.key, BASE, 4096),
+        })
+        .unwrap();
     pump_with(
         &mut a,
         &mut b,
@@ -500,13 +448,13 @@ fn rnr_is_retried_until_a_receive_is_posted() {
         &mut |_, _| false,
     );
     assert_eq!(
-        polled(&mut a.scq)
+        polled(&mut a.scq[0])
             .iter()
             .map(|c| (c.wr_id, c.status))
             .collect::<Vec<_>>(),
         vec![(9, WcStatus::Success)]
     );
-    assert_eq!(polled(&mut b.rcq)[0].byte_len, 100);
+    assert_eq!(polled(&mut b.rcq[0])[0].byte_len, 100);
     assert_eq!(bytes(&b, BASE, 100), bytes(&a, BASE, 100));
 }
 
@@ -514,7 +462,7 @@ fn rnr_is_retried_until_a_receive_is_posted() {
 fn rnr_retries_run_out() {
     let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 7, 2);
     let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -525,7 +473,7 @@ fn rnr_retries_run_out() {
         ud: None,
     })
     .unwrap();
-    a.qp.post(write_wr(&a, &b, 10, 64)).unwrap();
+    a.post(write_wr(&a, &b, 10, 64)).unwrap();
     let mut sends = 0;
     pump_with(&mut a, &mut b, Instant(10_000_000), &mut |from, f| {
         if from == 0 && opcode_of(f) == Some(op::RC_SEND_ONLY) {
@@ -534,21 +482,21 @@ fn rnr_retries_run_out() {
         false
     });
     assert_eq!(sends, 3, "the first try and rnr_retry = 2 more");
-    assert_eq!(b.qp.counters.out_of_buffer, 3);
-    assert_eq!(a.qp.counters.rnr_nak_retry_err, 3);
-    assert_eq!(a.qp.counters.req_rnr_retries_exceeded, 1);
-    let c = polled(&mut a.scq);
+    assert_eq!(b.qps[0].counters.out_of_buffer, 3);
+    assert_eq!(a.qps[0].counters.rnr_nak_retry_err, 3);
+    assert_eq!(a.qps[0].counters.req_rnr_retries_exceeded, 1);
+    let c = polled(&mut a.scq[0]);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![(9, WcStatus::RnrRetryExcErr), (10, WcStatus::WrFlushErr)]
     );
-    assert_eq!(a.qp.cfg.state, QpState::Err);
+    assert_eq!(a.qps[0].cfg.state, QpState::Err);
 }
 
 #[test]
 fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
     let (mut a, mut b) = pair(Mtu::M1024, 0xff_fffc, 0xff_fffc);
-    a.qp.post(write_wr(&a, &b, 1, 10 * 1024)).unwrap();
+    a.post(write_wr(&a, &b, 1, 10 * 1024)).unwrap();
     let (mut seen, mut naks) = (0, 0);
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 1 && syndrome_of(f) == Some(0x60) {
@@ -561,25 +509,25 @@ fn a_lost_packet_gets_one_sequence_nak_and_goes_back_n() {
         false
     });
     assert_eq!(naks, 1, "one NAK per gap");
-    assert_eq!(a.qp.counters.packet_seq_err, 1);
+    assert_eq!(a.qps[0].counters.packet_seq_err, 1);
     // Packets 4.. arrived after the gap: the first was NAKed, the rest dropped.
-    assert_eq!(b.qp.counters.out_of_sequence, 7);
-    assert_eq!(b.qp.counters.rx_write_requests, 10);
+    assert_eq!(b.qps[0].counters.out_of_sequence, 7);
+    assert_eq!(b.qps[0].counters.rx_write_requests, 10);
     // Nothing lost but the one packet: every frame one side sent, the other received.
-    assert_eq!(a.qp.counters.sent_pkts, b.qp.counters.rcvd_pkts + 1);
-    assert_eq!(b.qp.counters.sent_pkts, a.qp.counters.rcvd_pkts);
+    assert_eq!(a.qps[0].counters.sent_pkts, b.qps[0].counters.rcvd_pkts + 1);
+    assert_eq!(b.qps[0].counters.sent_pkts, a.qps[0].counters.rcvd_pkts);
     assert_eq!(
         bytes(&b, BASE, 10 * 1024),
         bytes(&a, BASE + 4096, 10 * 1024)
     );
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
 }
 
 #[test]
 fn ack_timeout_retransmits_then_gives_up() {
     // One lost ACK: the timer resends, the responder re-ACKs the duplicate, done.
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
+    a.post(write_wr(&a, &b, 1, 100)).unwrap();
     let mut acks = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, _| {
         if from == 1 {
@@ -588,13 +536,13 @@ fn ack_timeout_retransmits_then_gives_up() {
         }
         false
     });
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
     assert_eq!(acks, 2);
     // No ACK ever: retry_cnt = 3 resends, then RETRY_EXC_ERR and the rest flushed.
     let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 3, 7);
     let mut b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
-    a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
+    a.post(write_wr(&a, &b, 1, 100)).unwrap();
+    a.post(write_wr(&a, &b, 2, 100)).unwrap();
     let mut sent = 0;
     let t = pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 0 && parse(f, Checks::ALL).is_ok_and(|p| p.psn == Psn::new(0)) {
@@ -603,13 +551,13 @@ fn ack_timeout_retransmits_then_gives_up() {
         from == 1
     });
     assert_eq!(sent, 4, "first try plus retry_cnt");
-    assert_eq!(a.qp.counters.local_ack_timeout_err, 4);
-    assert_eq!(a.qp.counters.req_transport_retries_exceeded, 1);
+    assert_eq!(a.qps[0].counters.local_ack_timeout_err, 4);
+    assert_eq!(a.qps[0].counters.req_transport_retries_exceeded, 1);
     assert_eq!(
-        b.qp.counters.duplicate_request, 6,
+        b.qps[0].counters.duplicate_request, 6,
         "the resends of both WRITEs"
     );
-    let c = polled(&mut a.scq);
+    let c = polled(&mut a.scq[0]);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
@@ -623,9 +571,11 @@ fn ack_timeout_retransmits_then_gives_up() {
 fn run_timers_alone(n: &mut Node, from: Instant, limit: usize) -> Instant {
     let mut now = from;
     for _ in 0..limit {
-        let Some(t) = n.qp.poll_timeout() else { break };
+        let Some(t) = n.qps[0].poll_timeout() else {
+            break;
+        };
         now = now.max(t);
-        n.qp.handle_timeout(now, &mut n.scq, &mut n.rcq);
+        n.qps[0].handle_timeout(now, &mut n.scq[0], &mut n.rcq[0]);
     }
     now
 }
@@ -638,52 +588,67 @@ fn a_qp_whose_port_cannot_send_still_times_out_and_fails() {
     for sent_before in [true, false] {
         let mut a = node_retries(0x11, 0x22, 1, 2, Mtu::M1024, 0, 0, 3, 7);
         let b = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-        a.qp.post_recv(RecvWr {
-            wr_id: 50,
-            sg: sg(a.key, BASE, 64),
-        })
-        .unwrap();
-        a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
-        a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
+        a.qps[0]
+            .post_recv(RecvWr {
+                wr_id: 50,
+                sg: sg(a.key, BASE, 64),
+            })
+            .unwrap();
+        a.post(write_wr(&a, &b, 1, 100)).unwrap();
+        a.post(write_wr(&a, &b, 2, 100)).unwrap();
         if sent_before {
             let mut f = Vec::new();
-            assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
+            assert!(a.qps[0].poll_transmit(
+                Instant(0),
+                &a.mrs,
+                &mut a.scq[0],
+                &mut a.rcq[0],
+                &mut f
+            ));
         }
         let end = run_timers_alone(&mut a, Instant(0), 100);
-        assert_eq!(a.qp.cfg.state, QpState::Err, "sent before: {sent_before}");
-        assert_eq!(a.qp.counters.local_ack_timeout_err, 4);
-        assert_eq!(a.qp.counters.req_transport_retries_exceeded, 1);
+        assert_eq!(
+            a.qps[0].cfg.state,
+            QpState::Err,
+            "sent before: {sent_before}"
+        );
+        assert_eq!(a.qps[0].counters.local_ack_timeout_err, 4);
+        assert_eq!(a.qps[0].counters.req_transport_retries_exceeded, 1);
         assert_eq!(
             end.as_nanos(),
             4 * timeout,
             "retry_cnt + 1 timeouts, no more"
         );
         assert_eq!(
-            polled(&mut a.scq)
+            polled(&mut a.scq[0])
                 .iter()
                 .map(|c| (c.wr_id, c.status))
                 .collect::<Vec<_>>(),
             vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
         );
         assert_eq!(
-            polled(&mut a.rcq)
+            polled(&mut a.rcq[0])
                 .iter()
                 .map(|c| (c.wr_id, c.status))
                 .collect::<Vec<_>>(),
             vec![(50, WcStatus::WrFlushErr)],
             "entering ERR flushes the receive queue too"
         );
-        assert_eq!(a.qp.poll_timeout(), None, "an errored QP has no timer");
+        assert_eq!(a.qps[0].poll_timeout(), None, "an errored QP has no timer");
     }
 }
 
 #[test]
 fn an_idle_qp_or_one_that_waits_out_an_rnr_nak_does_not_time_out() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    assert_eq!(a.qp.poll_timeout(), None, "nothing posted, nothing owed");
+    assert_eq!(
+        a.qps[0].poll_timeout(),
+        None,
+        "nothing posted, nothing owed"
+    );
     // An RNR wait does not count against retry_cnt: the SEND waits for a receive, RNR NAK
     // after RNR NAK (rnr_retry 7: forever), far longer than the ACK timeout, then lands.
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 9,
         op: SendOp::Send,
         sg: sg(a.key, BASE, 100),
@@ -695,21 +660,26 @@ fn an_idle_qp_or_one_that_waits_out_an_rnr_nak_does_not_time_out() {
     })
     .unwrap();
     let t = pump_with(&mut a, &mut b, Instant(300_000_000), &mut |_, _| false);
-    assert_eq!(a.qp.cfg.state, QpState::Rts);
-    assert_eq!(a.qp.counters.local_ack_timeout_err, 0);
-    b.qp.post_recv(RecvWr {
-        wr_id: 1,
-        sg: sg(b.key, BASE, 4096),
-    })
-    .unwrap();
+    assert_eq!(a.qps[0].cfg.state, QpState::Rts);
+    assert_eq!(a.qps[0].counters.local_ack_timeout_err, 0);
+    b.qps[0]
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sg: sg(b.key, BASE, 4096),
+        })
+        .unwrap();
     pump_with(
         &mut a,
         &mut b,
         Instant(t.as_nanos() + 20_000_000),
         &mut |_, _| false,
     );
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
-    assert_eq!(a.qp.poll_timeout(), None, "all answered: the timer stops");
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
+    assert_eq!(
+        a.qps[0].poll_timeout(),
+        None,
+        "all answered: the timer stops"
+    );
 }
 
 /// A frame like `template` (a real one between the two nodes) with this opcode, PSN, RETH,
@@ -741,23 +711,20 @@ fn forge(
 
 /// The first frame `n` sends for `wr`, taken off the wire (a template for forged ones).
 fn first_frame(n: &mut Node, wr: SendWr) -> Vec<u8> {
-    n.qp.post(wr).unwrap();
+    n.post(wr).unwrap();
     let mut f = Vec::new();
-    assert!(n.qp.poll_transmit(Instant(0), &n.mrs, &mut n.scq, &mut n.rcq, &mut f));
+    assert!(n.qps[0].poll_transmit(Instant(0), &n.mrs, &mut n.scq[0], &mut n.rcq[0], &mut f));
     f
 }
 
 /// Hands `frames` to `n` and returns the AETH syndromes of everything it answers.
 fn answers(n: &mut Node, frames: &[Vec<u8>]) -> Vec<u8> {
     for f in frames {
-        n.qp.handle_frame(Instant(1), f, &mut n.mrs, &mut n.scq, &mut n.rcq);
+        n.qps[0].handle_frame(Instant(1), f, &mut n.mrs, &mut n.scq[0], &mut n.rcq[0]);
     }
     let mut out = Vec::new();
     let mut f = Vec::new();
-    while n
-        .qp
-        .poll_transmit(Instant(1), &n.mrs, &mut n.scq, &mut n.rcq, &mut f)
-    {
+    while n.qps[0].poll_transmit(Instant(1), &n.mrs, &mut n.scq[0], &mut n.rcq[0], &mut f) {
         out.extend(syndrome_of(&f));
     }
     out
@@ -797,10 +764,10 @@ fn a_request_from_another_source_than_the_qps_remote_is_dropped_and_counted() {
         spoofed.push(f);
     }
     assert!(answers(&mut b, &spoofed).is_empty(), "no ACK, no NAK");
-    assert_eq!(b.qp.counters.rx_wrong_source, 2);
-    assert_eq!(b.qp.counters.rcvd_pkts, 0);
+    assert_eq!(b.qps[0].counters.rx_wrong_source, 2);
+    assert_eq!(b.qps[0].counters.rcvd_pkts, 0);
     assert_eq!(bytes(&b, BASE, 64), before, "nothing landed");
-    assert_eq!(b.qp.cfg.rq_psn, Psn::new(0), "the PSN did not move");
+    assert_eq!(b.qps[0].cfg.rq_psn, Psn::new(0), "the PSN did not move");
     // The real one still lands.
     assert_eq!(answers(&mut b, &[real]), vec![0x1f]);
     assert_eq!(bytes(&b, BASE, 64), vec![0x5a; 64]);
@@ -881,7 +848,7 @@ fn a_multi_packet_write_is_held_to_its_reth_length() {
         let placed = bytes(&b, BASE, 8192);
         if good {
             assert_eq!(got.last(), Some(&0x1f), "case {i}: ACKed: {got:x?}");
-            assert_eq!(b.qp.cfg.state, QpState::Rts, "case {i}");
+            assert_eq!(b.qps[0].cfg.state, QpState::Rts, "case {i}");
             assert!(
                 placed[..dma as usize].iter().all(|&x| x == 0xab),
                 "case {i}"
@@ -889,7 +856,7 @@ fn a_multi_packet_write_is_held_to_its_reth_length() {
             assert_eq!(placed[dma as usize..], before[dma as usize..], "case {i}");
         } else {
             assert_eq!(got.last(), Some(&NAK_INVALID), "case {i}: {got:x?}");
-            assert_eq!(b.qp.cfg.state, QpState::Err, "case {i}");
+            assert_eq!(b.qps[0].cfg.state, QpState::Err, "case {i}");
             let written = placed.iter().zip(&before).filter(|(x, y)| x != y).count();
             assert!(
                 written <= dma as usize,
@@ -907,13 +874,14 @@ fn a_multi_packet_write_is_held_to_its_reth_length() {
 #[test]
 fn a_send_longer_than_its_receive_is_a_length_error_and_writes_nothing_past_it() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    b.qp.post_recv(RecvWr {
-        wr_id: 40,
-        sg: sg(b.key, BASE, 1500),
-    })
-    .unwrap();
+    b.qps[0]
+        .post_recv(RecvWr {
+            wr_id: 40,
+            sg: sg(b.key, BASE, 1500),
+        })
+        .unwrap();
     let before = bytes(&b, BASE + 1024, 8192);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 3,
         op: SendOp::Send,
         sg: sg(a.key, BASE + 4096, 3000),
@@ -925,13 +893,13 @@ fn a_send_longer_than_its_receive_is_a_length_error_and_writes_nothing_past_it()
     })
     .unwrap();
     pump(&mut a, &mut b);
-    let c = polled(&mut b.rcq);
+    let c = polled(&mut b.rcq[0]);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
         vec![(40, WcStatus::LocLenErr)]
     );
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::RemInvReqErr);
-    assert_eq!(b.qp.cfg.state, QpState::Err);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(b.qps[0].cfg.state, QpState::Err);
     // The first packet fit (1024 of 1500 bytes); the second did not and placed nothing.
     assert_eq!(bytes(&b, BASE + 1024, 8192), before);
 }
@@ -993,15 +961,15 @@ fn read_responses_are_held_to_the_reads_length() {
             })
             .collect();
         for f in &frames {
-            a.qp.handle_frame(Instant(1), f, &mut a.mrs, &mut a.scq, &mut a.rcq);
+            a.qps[0].handle_frame(Instant(1), f, &mut a.mrs, &mut a.scq[0], &mut a.rcq[0]);
         }
-        let c = polled(&mut a.scq);
+        let c = polled(&mut a.scq[0]);
         assert_eq!(
             c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
             vec![(5, WcStatus::LocLenErr)],
             "case {i}"
         );
-        assert_eq!(a.qp.cfg.state, QpState::Err, "case {i}");
+        assert_eq!(a.qps[0].cfg.state, QpState::Err, "case {i}");
         let after = bytes(&a, BASE + 8192, len as usize);
         let bad_at = pkts
             .iter()
@@ -1017,7 +985,7 @@ fn read_responses_are_held_to_the_reads_length() {
 #[test]
 fn an_ack_for_a_psn_never_sent_is_ignored() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post(write_wr(&a, &b, 1, 100)).unwrap();
+    a.post(write_wr(&a, &b, 1, 100)).unwrap();
     let mut real_ack = None;
     pump_with(&mut a, &mut b, Instant(50_000), &mut |from, f| {
         if from == 1 {
@@ -1033,15 +1001,21 @@ fn an_ack_for_a_psn_never_sent_is_ignored() {
     repr.bth.psn = Psn::new(1000);
     let mut forged = vec![0u8; repr.frame_len(0)];
     repr.emit(&mut forged, 0, false).unwrap();
-    a.qp.handle_frame(Instant(5), &forged, &mut a.mrs, &mut a.scq, &mut a.rcq);
+    a.qps[0].handle_frame(
+        Instant(5),
+        &forged,
+        &mut a.mrs,
+        &mut a.scq[0],
+        &mut a.rcq[0],
+    );
     assert!(
-        polled(&mut a.scq).is_empty(),
+        polled(&mut a.scq[0]).is_empty(),
         "nothing completes on a PSN never sent"
     );
-    assert_eq!(a.qp.outstanding(), 1);
-    a.qp.handle_frame(Instant(6), &ack, &mut a.mrs, &mut a.scq, &mut a.rcq);
+    assert_eq!(a.qps[0].outstanding(), 1);
+    a.qps[0].handle_frame(Instant(6), &ack, &mut a.mrs, &mut a.scq[0], &mut a.rcq[0]);
     assert_eq!(
-        polled(&mut a.scq)[0].status,
+        polled(&mut a.scq[0])[0].status,
         WcStatus::Success,
         "the real one still works"
     );
@@ -1050,7 +1024,7 @@ fn an_ack_for_a_psn_never_sent_is_ignored() {
 #[test]
 fn duplicate_read_is_re_executed() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 12,
@@ -1074,7 +1048,7 @@ fn duplicate_read_is_re_executed() {
     });
     assert_eq!(first, 2, "the READ was asked for and answered again");
     assert_eq!(bytes(&a, BASE, 3000), bytes(&b, BASE + 12, 3000));
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
 }
 
 #[test]
@@ -1083,7 +1057,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
     // The rest are placed as they arrive; the LAST response shows the holes, so the READ is
     // asked again at once (no ACK timeout) from the first hole, and then from the second.
     let (mut a, mut b) = pair(Mtu::M256, 0xff_fffd, 0);
-    a.qp.post(SendWr {
+    a.post(SendWr {
         wr_id: 1,
         op: SendOp::Read {
             remote_addr: BASE + 100,
@@ -1127,7 +1101,7 @@ fn read_responses_past_a_hole_are_kept_and_the_read_asked_again_from_the_hole() 
         "no ACK timeout was needed: {end:?}"
     );
     assert_eq!(bytes(&a, BASE, 8 * 256), bytes(&b, BASE + 100, 8 * 256));
-    let c = polled(&mut a.scq);
+    let c = polled(&mut a.scq[0]);
     assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
 }
 
@@ -1136,7 +1110,7 @@ fn duplicate_atomic_is_answered_from_the_replay_cache() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
     let target = BASE + 0x100;
     set_word(&mut b, target, 100);
-    a.qp.post(fetch_add(&a, &b, 1, target, 5, BASE)).unwrap();
+    a.post(fetch_add(&a, &b, 1, target, 5, BASE)).unwrap();
     let mut acks = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
         if from == 1 && opcode_of(f) == Some(op::RC_ATOMIC_ACK) {
@@ -1156,18 +1130,18 @@ fn duplicate_atomic_is_answered_from_the_replay_cache() {
         100u64.to_le_bytes(),
         "the original value, both times"
     );
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
 }
 
 #[test]
 fn completion_queue_overflow() {
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.scq = CompletionQueue::new(1);
-    a.qp.post(write_wr(&a, &b, 1, 10)).unwrap();
-    a.qp.post(write_wr(&a, &b, 2, 10)).unwrap();
+    a.scq[0] = CompletionQueue::new(1);
+    a.post(write_wr(&a, &b, 1, 10)).unwrap();
+    a.post(write_wr(&a, &b, 2, 10)).unwrap();
     pump(&mut a, &mut b);
-    assert!(a.scq.in_error());
-    assert_eq!(polled(&mut a.scq).len(), 1);
+    assert!(a.scq[0].in_error());
+    assert_eq!(polled(&mut a.scq[0]).len(), 1);
 }
 
 #[test]
@@ -1186,11 +1160,12 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
     for round in 0..3u64 {
         for i in 0..30u64 {
             let id = round * 100 + i;
-            b.qp.post_recv(RecvWr {
-                wr_id: id,
-                sg: sg(b.key, BASE + 8192, 300),
-            })
-            .unwrap();
+            b.qps[0]
+                .post_recv(RecvWr {
+                    wr_id: id,
+                    sg: sg(b.key, BASE + 8192, 300),
+                })
+                .unwrap();
             let len = len_of(id);
             let wr = |op| SendWr {
                 wr_id: id,
@@ -1202,8 +1177,8 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
                 inline: false,
                 ud: None,
             };
-            a.qp.post_inline(wr(SendOp::Send), &data[..len]).unwrap();
-            a.qp.post_inline(
+            a.post_inline(wr(SendOp::Send), &data[..len]).unwrap();
+            a.post_inline(
                 wr(SendOp::Write {
                     remote_addr: BASE + 4096,
                     rkey: b.key,
@@ -1226,10 +1201,10 @@ fn inline_sends_and_writes_carry_the_bytes_given_at_post_time() {
             false
         });
         assert!(lost);
-        let s = polled(&mut a.scq);
+        let s = polled(&mut a.scq[0]);
         assert_eq!(s.len(), 60);
         assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
-        let r = polled(&mut b.rcq);
+        let r = polled(&mut b.rcq[0]);
         assert_eq!(r.len(), 30);
         for c in &r {
             assert_eq!(c.status, WcStatus::Success);
@@ -1261,7 +1236,7 @@ fn copies_of_one_request_post_under_their_own_ids() {
         .write(BASE, &[0x5a; 64])
         .unwrap();
     for id in 100..104 {
-        a.qp.post_send(&template, id, None).unwrap();
+        a.qps[0].post_send(&template, id, None).unwrap();
     }
     // Inline bytes in place of a request's SG list: the request says so (its SG list is then
     // where the bytes were gathered from); an unflagged one with an SG list is ambiguous.
@@ -1270,10 +1245,15 @@ fn copies_of_one_request_post_under_their_own_ids() {
         ..template
     };
     let bad = PostError::Wr(WrError::BadInline);
-    assert_eq!(a.qp.post_send(&template, 104, Some(&[0xc3; 16])), Err(bad));
-    a.qp.post_send(&flagged, 104, Some(&[0xc3; 16])).unwrap();
+    assert_eq!(
+        a.qps[0].post_send(&template, 104, Some(&[0xc3; 16])),
+        Err(bad)
+    );
+    a.qps[0]
+        .post_send(&flagged, 104, Some(&[0xc3; 16]))
+        .unwrap();
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| false);
-    let s = polled(&mut a.scq);
+    let s = polled(&mut a.scq[0]);
     let ids: Vec<u64> = s.iter().map(|c| c.wr_id).collect();
     assert_eq!(ids, vec![100, 101, 102, 103, 104], "{s:?}");
     assert!(s.iter().all(|c| c.status == WcStatus::Success), "{s:?}");
@@ -1290,13 +1270,13 @@ fn copies_of_one_request_post_under_their_own_ids() {
         },
         ..template
     };
-    assert_eq!(a.qp.post_send(&read, 1, Some(&[1])), Err(bad));
-    assert_eq!(a.qp.post_send(&flagged, 1, Some(&[0; 401])), Err(bad));
+    assert_eq!(a.qps[0].post_send(&read, 1, Some(&[1])), Err(bad));
+    assert_eq!(a.qps[0].post_send(&flagged, 1, Some(&[0; 401])), Err(bad));
     let ungathered = SendWr {
         inline: true,
         ..template
     };
-    assert_eq!(a.qp.post_send(&ungathered, 1, None), Err(bad));
+    assert_eq!(a.qps[0].post_send(&ungathered, 1, None), Err(bad));
 }
 
 #[test]
@@ -1369,13 +1349,13 @@ fn caps_are_checked_at_create_and_post() {
     };
     let too_long = vec![0u8; 401];
     let bad_post = PostError::Wr(WrError::BadInline);
-    assert_eq!(a.qp.post_inline(wr(write, 0), &too_long), Err(bad_post));
-    assert_eq!(a.qp.post_inline(wr(write, 1), &[1, 2]), Err(bad_post));
-    assert_eq!(a.qp.post_inline(wr(read, 0), &[1, 2]), Err(bad_post));
+    assert_eq!(a.post_inline(wr(write, 0), &too_long), Err(bad_post));
+    assert_eq!(a.post_inline(wr(write, 1), &[1, 2]), Err(bad_post));
+    assert_eq!(a.post_inline(wr(read, 0), &[1, 2]), Err(bad_post));
     // A QP with fewer SGEs than the device refuses longer lists.
     let mut small = RcQp::new(
         7,
-        a.qp.pd,
+        a.qps[0].pd,
         QpCaps {
             max_send_sge: 2,
             max_recv_sge: 1,
@@ -1404,7 +1384,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
     for fence in [false, true] {
         let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
         let old = bytes(&b, BASE + 64, 2000);
-        a.qp.post(SendWr {
+        a.post(SendWr {
             wr_id: 1,
             op: SendOp::Read {
                 remote_addr: BASE + 64,
@@ -1418,7 +1398,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             ud: None,
         })
         .unwrap();
-        a.qp.post(SendWr {
+        a.post(SendWr {
             wr_id: 2,
             op: SendOp::Write {
                 remote_addr: BASE + 64,
@@ -1443,7 +1423,7 @@ fn a_fenced_write_waits_for_the_read_before_it() {
             }
             false
         });
-        let c = polled(&mut a.scq);
+        let c = polled(&mut a.scq[0]);
         assert_eq!(c.len(), 2);
         assert!(c.iter().all(|c| c.status == WcStatus::Success));
         assert_eq!(order, if fence { "RrW" } else { "RWr" });
@@ -1463,10 +1443,10 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
     // new READs B and C arrive. The replays must not count as new READs, or B would be
     // refused with NAK invalid request and the QP would fail.
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    b.qp.cfg.max_dest_rd_atomic = 2;
+    b.qps[0].cfg.max_dest_rd_atomic = 2;
     let mut frames = Vec::new();
     for (i, off) in [0u64, 4096, 8192].into_iter().enumerate() {
-        a.qp.post(SendWr {
+        a.post(SendWr {
             wr_id: i as u64,
             op: SendOp::Read {
                 remote_addr: BASE + off,
@@ -1481,35 +1461,49 @@ fn re_asked_reads_do_not_use_up_max_dest_rd_atomic() {
         })
         .unwrap();
         let mut f = Vec::new();
-        assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
+        assert!(a.qps[0].poll_transmit(Instant(0), &a.mrs, &mut a.scq[0], &mut a.rcq[0], &mut f));
         frames.push(f);
     }
-    let mut deliver = |f: &[u8]| {
-        b.qp.handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq, &mut b.rcq)
-    };
+    let mut deliver =
+        |f: &[u8]| b.qps[0].handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq[0], &mut b.rcq[0]);
     deliver(&frames[0]);
     let mut sent = Vec::new();
     let mut f = Vec::new();
     let mut drain = |b: &mut Node, sent: &mut Vec<u8>| {
-        while b
-            .qp
-            .poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut b.rcq, &mut f)
-        {
+        while b.qps[0].poll_transmit(Instant(0), &b.mrs, &mut b.scq[0], &mut b.rcq[0], &mut f) {
             sent.push(opcode_of(&f).unwrap());
             assert_ne!(syndrome_of(&f).map(|s| s >> 5), Some(3), "no NAK");
         }
     };
     drain(&mut b, &mut sent);
     for _ in 0..3 {
-        b.qp.handle_frame(Instant(0), &frames[0], &mut b.mrs, &mut b.scq, &mut b.rcq);
+        b.qps[0].handle_frame(
+            Instant(0),
+            &frames[0],
+            &mut b.mrs,
+            &mut b.scq[0],
+            &mut b.rcq[0],
+        );
     }
-    b.qp.handle_frame(Instant(0), &frames[1], &mut b.mrs, &mut b.scq, &mut b.rcq);
-    b.qp.handle_frame(Instant(0), &frames[2], &mut b.mrs, &mut b.scq, &mut b.rcq);
+    b.qps[0].handle_frame(
+        Instant(0),
+        &frames[1],
+        &mut b.mrs,
+        &mut b.scq[0],
+        &mut b.rcq[0],
+    );
+    b.qps[0].handle_frame(
+        Instant(0),
+        &frames[2],
+        &mut b.mrs,
+        &mut b.scq[0],
+        &mut b.rcq[0],
+    );
     drain(&mut b, &mut sent);
     use op::{RC_READ_RESPONSE_FIRST as F, RC_READ_RESPONSE_LAST as L};
     // A, then A once more (the replays supersede each other), then B and C.
     assert_eq!(sent, [F, L, F, L, F, L, F, L]);
-    assert_eq!(b.qp.cfg.state, QpState::Rts);
+    assert_eq!(b.qps[0].cfg.state, QpState::Rts);
 }
 
 /// `f` with AckReq cleared (headers re-emitted, so the ICRC is right).
@@ -1530,26 +1524,20 @@ fn the_responder_acks_at_message_end_and_every_64_packets_without_ack_req() {
     let (mut a, mut b) = pair(Mtu::M256, 0, 0);
     // Three one-packet WRITEs and one of 100 packets, none asking for an ACK.
     for (id, len) in [(1, 10), (2, 20), (3, 30), (4, 100 * 256)] {
-        a.qp.post(write_wr(&a, &b, id, len)).unwrap();
+        a.post(write_wr(&a, &b, id, len)).unwrap();
     }
     let mut frames = Vec::new();
     let mut f = Vec::new();
-    while a
-        .qp
-        .poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f)
-    {
+    while a.qps[0].poll_transmit(Instant(0), &a.mrs, &mut a.scq[0], &mut a.rcq[0], &mut f) {
         frames.push(without_ack_req(&f));
     }
     assert_eq!(frames.len(), 103);
     let mut acks = Vec::new();
     let mut step = |b: &mut Node, fs: &[Vec<u8>]| {
         for f in fs {
-            b.qp.handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq, &mut b.rcq);
+            b.qps[0].handle_frame(Instant(0), f, &mut b.mrs, &mut b.scq[0], &mut b.rcq[0]);
         }
-        while b
-            .qp
-            .poll_transmit(Instant(0), &b.mrs, &mut b.scq, &mut b.rcq, &mut f)
-        {
+        while b.qps[0].poll_transmit(Instant(0), &b.mrs, &mut b.scq[0], &mut b.rcq[0], &mut f) {
             let p = parse(&f, Checks::ALL).unwrap();
             assert_eq!(p.opcode, op::RC_ACK);
             acks.push(p.psn.value());
@@ -1573,15 +1561,15 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
             min_time_between_cnps: 10,
             ..DcqcnParams::nvidia()
         };
-        a.qp.set_congestion_control(kind, 100e9, p);
-        b.qp.set_congestion_control(kind, 100e9, p);
+        a.qps[0].set_congestion_control(kind, 100e9, p);
+        b.qps[0].set_congestion_control(kind, 100e9, p);
         // B's frames carry VLAN 100 at PCP 3; its CNPs must go at cnp_802p_prio (6).
-        if let Some(path) = b.qp.cfg.path.as_mut() {
+        if let Some(path) = b.qps[0].cfg.path.as_mut() {
             path.vlan = Some((100, 3));
         }
         // 16 WRITEs of 64 KiB: 1024 packets, every one marked CE on the way to B.
         for id in 0..16 {
-            a.qp.post(write_wr(&a, &b, id, 64 << 10)).unwrap();
+            a.post(write_wr(&a, &b, id, 64 << 10)).unwrap();
         }
         let ce = Faults {
             ce_mark: 1.0,
@@ -1614,14 +1602,14 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
                 false
             },
         );
-        let c = polled(&mut a.scq);
+        let c = polled(&mut a.scq[0]);
         assert_eq!(c.len(), 16);
         assert!(c.iter().all(|c| c.status == WcStatus::Success));
         assert_eq!(bytes(&b, BASE, 64 << 10), bytes(&a, BASE + 4096, 64 << 10));
-        assert_eq!(b.qp.counters.np_ecn_marked_roce_packets, 1024);
-        let sent = b.qp.counters.np_cnp_sent;
+        assert_eq!(b.qps[0].counters.np_ecn_marked_roce_packets, 1024);
+        let sent = b.qps[0].counters.np_cnp_sent;
         assert_eq!(sent as usize, cnps.len());
-        assert_eq!(a.qp.counters.rp_cnp_received, sent);
+        assert_eq!(a.qps[0].counters.rp_cnp_received, sent);
         // One CNP per 10 us at most.
         assert!(
             sent >= 1 && sent <= end.as_nanos() / 10_000 + 1,
@@ -1630,19 +1618,19 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
         for c in &cnps {
             assert_eq!(*c, (0x11, 48, Ecn::NotEct, true, Some((100, 6))));
         }
-        match (kind, a.qp.cc()) {
+        match (kind, a.qps[0].cc()) {
             (CcKind::Dcqcn, Cc::Dcqcn(d)) => {
                 let (handled, ignored) = d_counts(d);
                 assert_eq!(handled + ignored, sent);
                 // After the traffic the timers raise the rate back to line rate; then the QP
                 // is no longer limited and has no timers.
                 assert_eq!(d.rate(), 100e9);
-                assert!(!d.is_limited() && a.qp.poll_timeout().is_none());
+                assert!(!d.is_limited() && a.qps[0].poll_timeout().is_none());
                 assert!(end > last_data);
             }
             (CcKind::None, Cc::None { .. }) => {
-                assert_eq!(a.qp.cc().rate(), 100e9);
-                assert_eq!(a.qp.cc().cnp_counts(), (0, sent));
+                assert_eq!(a.qps[0].cc().rate(), 100e9);
+                assert_eq!(a.qps[0].cc().cnp_counts(), (0, sent));
                 // 1024 packets of ~1.1 KB at 100 Gb/s: about 92 us.
                 assert!(last_data < Instant(100_000), "{last_data:?}");
             }
@@ -1668,51 +1656,56 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
         rpg_byte_reset: 0,
         ..DcqcnParams::nvidia()
     };
-    a.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
+    a.qps[0].set_congestion_control(CcKind::Dcqcn, 100e9, p);
     // A CNP from the peer QP: rate halves (alpha 1).
     let mut cnp = Vec::new();
     let mut peer = node(0x22, 0x11, 2, 1, Mtu::M1024, 0, 0);
-    peer.qp.set_congestion_control(CcKind::Dcqcn, 100e9, p);
-    a.qp.post(write_wr(&a, &peer, 1, 100)).unwrap();
+    peer.qps[0].set_congestion_control(CcKind::Dcqcn, 100e9, p);
+    a.post(write_wr(&a, &peer, 1, 100)).unwrap();
     let mut f = Vec::new();
-    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
+    assert!(a.qps[0].poll_transmit(Instant(0), &a.mrs, &mut a.scq[0], &mut a.rcq[0], &mut f));
     assert!(netsim::mark_ce(&mut f));
-    peer.qp
-        .handle_frame(Instant(1), &f, &mut peer.mrs, &mut peer.scq, &mut peer.rcq);
-    while peer.qp.poll_transmit(
+    peer.qps[0].handle_frame(
+        Instant(1),
+        &f,
+        &mut peer.mrs,
+        &mut peer.scq[0],
+        &mut peer.rcq[0],
+    );
+    while peer.qps[0].poll_transmit(
         Instant(1),
         &peer.mrs,
-        &mut peer.scq,
-        &mut peer.rcq,
+        &mut peer.scq[0],
+        &mut peer.rcq[0],
         &mut cnp,
     ) {
         if opcode_of(&cnp) == Some(op::CNP) {
-            a.qp.handle_frame(Instant(2), &cnp, &mut a.mrs, &mut a.scq, &mut a.rcq);
+            a.qps[0].handle_frame(Instant(2), &cnp, &mut a.mrs, &mut a.scq[0], &mut a.rcq[0]);
         }
     }
-    let rate = |a: &Node| match a.qp.cc() {
+    let rate = |a: &Node| match a.qps[0].cc() {
         Cc::Dcqcn(d) => (d.rate(), d.target()),
         _ => unreachable!(),
     };
     assert_eq!(rate(&a), (50e9, 100e9));
-    assert_eq!(a.qp.cc().cnp_counts(), (1, 0));
-    assert_eq!(a.qp.counters.rp_cnp_received, 1);
-    assert_eq!(peer.qp.counters.np_cnp_sent, 1);
+    assert_eq!(a.qps[0].cc().cnp_counts(), (1, 0));
+    assert_eq!(a.qps[0].counters.rp_cnp_received, 1);
+    assert_eq!(peer.qps[0].counters.np_cnp_sent, 1);
     // Raise this QP's timer period to 1 ms at run time: no increase at 300 us, one at 1 ms.
-    a.qp.set_cc_params(DcqcnParams {
+    a.qps[0].set_cc_params(DcqcnParams {
         rpg_time_reset: 1000,
         ..p
     });
-    assert_eq!(a.qp.cc_params().rpg_time_reset, 1000);
-    a.qp.handle_timeout(Instant(2 + 300_000), &mut a.scq, &mut a.rcq);
+    assert_eq!(a.qps[0].cc_params().rpg_time_reset, 1000);
+    a.qps[0].handle_timeout(Instant(2 + 300_000), &mut a.scq[0], &mut a.rcq[0]);
     assert_eq!(
         rate(&a).0,
         75e9,
         "the timer armed before the change fires once more"
     );
-    a.qp.handle_timeout(Instant(2 + 600_000), &mut a.scq, &mut a.rcq);
+    a.qps[0].handle_timeout(Instant(2 + 600_000), &mut a.scq[0], &mut a.rcq[0]);
     assert_eq!(rate(&a).0, 75e9, "then it runs every 1 ms");
-    a.qp.handle_timeout(Instant(2 + 1_300_000), &mut a.scq, &mut a.rcq);
+    a.qps[0].handle_timeout(Instant(2 + 1_300_000), &mut a.scq[0], &mut a.rcq[0]);
     assert_eq!(rate(&a).0, 87.5e9);
 }
 
@@ -1720,17 +1713,18 @@ fn dcqcn_settings_change_at_run_time_per_qp() {
 fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
     use crate::qp::QpAttr;
     let (mut a, mut b) = pair(Mtu::M1024, 0, 0);
-    a.qp.post(write_wr(&a, &b, 1, 3000)).unwrap();
-    a.qp.post(write_wr(&a, &b, 2, 100)).unwrap();
+    a.post(write_wr(&a, &b, 1, 3000)).unwrap();
+    a.post(write_wr(&a, &b, 2, 100)).unwrap();
     // The first packet of WR 1 leaves, then the QP is asked to drain.
     let mut f = Vec::new();
-    assert!(a.qp.poll_transmit(Instant(0), &a.mrs, &mut a.scq, &mut a.rcq, &mut f));
-    b.qp.handle_frame(Instant(1), &f, &mut b.mrs, &mut b.scq, &mut b.rcq);
-    a.qp.modify(&QpAttr {
-        state: Some(QpState::Sqd),
-        ..Default::default()
-    })
-    .unwrap();
+    assert!(a.qps[0].poll_transmit(Instant(0), &a.mrs, &mut a.scq[0], &mut a.rcq[0], &mut f));
+    b.qps[0].handle_frame(Instant(1), &f, &mut b.mrs, &mut b.scq[0], &mut b.rcq[0]);
+    a.qps[0]
+        .modify(&QpAttr {
+            state: Some(QpState::Sqd),
+            ..Default::default()
+        })
+        .unwrap();
     // Lose WR 1's last packet once: the drain still retransmits it.
     let mut lost = false;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |from, f| {
@@ -1746,17 +1740,18 @@ fn sqd_finishes_begun_messages_and_starts_no_new_ones() {
         false
     });
     assert!(lost);
-    let c = polled(&mut a.scq);
+    let c = polled(&mut a.scq[0]);
     assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1]);
-    assert_eq!(a.qp.outstanding(), 1);
+    assert_eq!(a.qps[0].outstanding(), 1);
     // Back to RTS: WR 2 goes.
-    a.qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        ..Default::default()
-    })
-    .unwrap();
+    a.qps[0]
+        .modify(&QpAttr {
+            state: Some(QpState::Rts),
+            ..Default::default()
+        })
+        .unwrap();
     pump(&mut a, &mut b);
-    assert_eq!(polled(&mut a.scq)[0].wr_id, 2);
+    assert_eq!(polled(&mut a.scq[0])[0].wr_id, 2);
 }
 
 #[test]
@@ -1765,30 +1760,33 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
     let (mut a1, b) = pair(Mtu::M1024, 5, 0);
     let (mut a2, _) = pair(Mtu::M1024, 5, 0);
     for a in [&mut a1, &mut a2] {
-        a.qp.post(write_wr(a, &b, 1, 2500)).unwrap();
+        a.post(write_wr(a, &b, 1, 2500)).unwrap();
     }
     let mut v = Vec::new();
     let mut h = HeapBuf::new();
     for _ in 0..3 {
-        assert!(
-            a1.qp
-                .poll_transmit(Instant(0), &a1.mrs, &mut a1.scq, &mut a1.rcq, &mut v)
-        );
-        assert!(
-            a2.qp
-                .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut a2.rcq, &mut h)
-        );
+        assert!(a1.qps[0].poll_transmit(
+            Instant(0),
+            &a1.mrs,
+            &mut a1.scq[0],
+            &mut a1.rcq[0],
+            &mut v
+        ));
+        assert!(a2.qps[0].poll_transmit(
+            Instant(0),
+            &a2.mrs,
+            &mut a2.scq[0],
+            &mut a2.rcq[0],
+            &mut h
+        ));
         assert_eq!(v, h.data());
         assert!(parse(h.data(), Checks::ALL).is_ok());
     }
-    assert!(
-        !a2.qp
-            .poll_transmit(Instant(0), &a2.mrs, &mut a2.scq, &mut a2.rcq, &mut h)
-    );
+    assert!(!a2.qps[0].poll_transmit(Instant(0), &a2.mrs, &mut a2.scq[0], &mut a2.rcq[0], &mut h));
     // A buffer too small for the MTU's payload gets no frame, and nothing is lost: the packet
     // is built later into one that fits.
     let (mut a3, _) = pair(Mtu::M4096, 0, 0);
-    a3.qp.post(write_wr(&a3, &b, 1, 4096)).unwrap();
+    a3.post(write_wr(&a3, &b, 1, 4096)).unwrap();
     struct Small(HeapBuf);
     impl PacketBuf for Small {
         wire::buf::delegate_heap_buf!();
@@ -1798,14 +1796,14 @@ fn frames_build_the_same_in_a_vec_and_in_a_buffer_with_headroom() {
         }
     }
     let mut small = Small(HeapBuf::new());
-    assert!(
-        !a3.qp
-            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut a3.rcq, &mut small)
-    );
-    assert!(
-        a3.qp
-            .poll_transmit(Instant(0), &a3.mrs, &mut a3.scq, &mut a3.rcq, &mut h)
-    );
+    assert!(!a3.qps[0].poll_transmit(
+        Instant(0),
+        &a3.mrs,
+        &mut a3.scq[0],
+        &mut a3.rcq[0],
+        &mut small
+    ));
+    assert!(a3.qps[0].poll_transmit(Instant(0), &a3.mrs, &mut a3.scq[0], &mut a3.rcq[0], &mut h));
     assert_eq!(parse(h.data(), Checks::ALL).unwrap().payload_len, 4096);
 }
 
@@ -1813,31 +1811,25 @@ const QKEY: u32 = 0x1111_1111;
 
 /// A UD QP in RTS (Q_Key [`QKEY`], MTU 1024) with the same region as [`node`].
 fn ud_node(qpn: u32, me: u8) -> Node {
-    let mut mrs = MrTable::new();
-    let pd = mrs.alloc_pd();
-    let key = mrs
-        .register(pd, BASE, Box::new(vec![0u8; LEN]), Access::LOCAL_WRITE)
-        .unwrap();
-    let mut qp = RcQp::new(
-        qpn,
-        pd,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_inline_data: 64,
-            qp_type: QpType::Ud,
-            ..Default::default()
+    let mut n = Node::new(
+        NodeConfig {
+            access: Access::LOCAL_WRITE,
+            caps: QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_inline_data: 64,
+                qp_type: QpType::Ud,
+                ..Default::default()
+            },
+            cq_depth: 64,
+            ..NodeConfig::new(BASE, vec![0u8; LEN])
         },
-    )
-    .unwrap();
-    qp.activate_ud(QKEY, Mtu::M1024, 0x100 * me as u32).unwrap();
-    Node {
-        qp,
-        mrs,
-        scq: CompletionQueue::new(64),
-        rcq: CompletionQueue::new(64),
-        key,
-    }
+        &[qpn],
+    );
+    n.qps[0]
+        .activate_ud(QKEY, Mtu::M1024, 0x100 * me as u32)
+        .unwrap();
+    n
 }
 
 fn ud_send(from: &Node, id: u64, at: u64, len: u32, dest_qp: u32, qkey: u32) -> SendWr {
@@ -1855,18 +1847,19 @@ fn ud_send(from: &Node, id: u64, at: u64, len: u32, dest_qp: u32, qkey: u32) -> 
 fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
     let (mut a, mut b) = (ud_node(0x13, 1), ud_node(0x24, 2));
     for (i, w) in [0x10_0000u64, 0x10_1000].iter().enumerate() {
-        b.qp.post_recv(RecvWr {
-            wr_id: 50 + i as u64,
-            sg: sg(b.key, *w, 40 + 600),
-        })
-        .unwrap();
+        b.qps[0]
+            .post_recv(RecvWr {
+                wr_id: 50 + i as u64,
+                sg: sg(b.key, *w, 40 + 600),
+            })
+            .unwrap();
     }
     a.mrs
         .get_mut(a.key)
         .unwrap()
         .write(BASE + 0x8000, &[0xab; 600])
         .unwrap();
-    a.qp.post(ud_send(&a, 7, BASE + 0x8000, 600, 0x24, QKEY))
+    a.post(ud_send(&a, 7, BASE + 0x8000, 600, 0x24, QKEY))
         .unwrap();
     let mut frames = Vec::new();
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, f| {
@@ -1881,12 +1874,12 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
     assert_eq!((info.dest_qp, info.psn), (0x24, Psn::new(0x100)));
     let d = info.ext.deth().unwrap();
     assert_eq!((d.qkey, d.src_qp), (QKEY, 0x13));
-    let sent = polled(&mut a.scq);
+    let sent = polled(&mut a.scq[0]);
     assert_eq!(
         (sent.len(), sent[0].wr_id, sent[0].status, sent[0].byte_len),
         (1, 7, WcStatus::Success, 600)
     );
-    let got = polled(&mut b.rcq);
+    let got = polled(&mut b.rcq[0]);
     assert_eq!(got.len(), 1);
     assert_eq!(
         (got[0].wr_id, got[0].status, got[0].byte_len, got[0].src_qp),
@@ -1898,7 +1891,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
     assert_eq!(&grh[20..], &frames[0][14..34]);
     assert_eq!(bytes(&b, BASE + 40, 600), vec![0xab; 600]);
     // The next datagram takes the next PSN and, with immediate data, reports it.
-    a.qp.post(SendWr {
+    a.post(SendWr {
         op: SendOp::SendWithImm(0xfeed),
         ..ud_send(&a, 8, BASE + 0x8000, 10, 0x24, QKEY)
     })
@@ -1913,7 +1906,7 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
         (info.opcode, info.psn),
         (op::UD_SEND_ONLY_IMM, Psn::new(0x101))
     );
-    let got = polled(&mut b.rcq);
+    let got = polled(&mut b.rcq[0]);
     assert_eq!(
         (got[0].wr_id, got[0].imm_data, got[0].byte_len),
         (51, Some(0xfeed), 50)
@@ -1924,37 +1917,38 @@ fn ud_datagrams_land_after_the_grh_and_name_their_sender() {
 fn ud_drops_wrong_qkeys_and_datagrams_without_a_receive() {
     let (mut a, mut b) = (ud_node(0x13, 1), ud_node(0x24, 2));
     // No receive posted: dropped, counted as out_of_buffer, no RNR NAK, nothing resent.
-    a.qp.post(ud_send(&a, 1, BASE, 8, 0x24, QKEY)).unwrap();
+    a.post(ud_send(&a, 1, BASE, 8, 0x24, QKEY)).unwrap();
     let mut n = 0;
     pump_with(&mut a, &mut b, Instant(u64::MAX), &mut |_, _| {
         n += 1;
         false
     });
     assert_eq!(n, 1);
-    assert_eq!(b.qp.counters.out_of_buffer, 1);
-    assert_eq!(polled(&mut a.scq)[0].status, WcStatus::Success);
+    assert_eq!(b.qps[0].counters.out_of_buffer, 1);
+    assert_eq!(polled(&mut a.scq[0])[0].status, WcStatus::Success);
     // A receive is there, but the Q_Key is wrong: dropped, and the receive stays.
-    b.qp.post_recv(RecvWr {
-        wr_id: 9,
-        sg: sg(b.key, BASE, 100),
-    })
-    .unwrap();
-    a.qp.post(ud_send(&a, 2, BASE, 8, 0x24, 0x2222)).unwrap();
+    b.qps[0]
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sg: sg(b.key, BASE, 100),
+        })
+        .unwrap();
+    a.post(ud_send(&a, 2, BASE, 8, 0x24, 0x2222)).unwrap();
     pump(&mut a, &mut b);
-    assert_eq!(b.qp.counters.qkey_violations, 1);
-    assert!(polled(&mut b.rcq).is_empty());
+    assert_eq!(b.qps[0].counters.qkey_violations, 1);
+    assert!(polled(&mut b.rcq[0]).is_empty());
     // A buffer too small for GRH + payload: LOC_LEN_ERR, and the QP stops.
-    a.qp.post(ud_send(&a, 3, BASE, 80, 0x24, QKEY)).unwrap();
+    a.post(ud_send(&a, 3, BASE, 80, 0x24, QKEY)).unwrap();
     pump(&mut a, &mut b);
-    let got = polled(&mut b.rcq);
+    let got = polled(&mut b.rcq[0]);
     assert_eq!((got[0].wr_id, got[0].status), (9, WcStatus::LocLenErr));
-    assert_eq!(b.qp.cfg.state, QpState::Err);
+    assert_eq!(b.qps[0].cfg.state, QpState::Err);
 }
 
 #[test]
 fn ud_posts_are_checked() {
-    let a = ud_node(0x13, 1);
-    let mut q = a.qp;
+    let mut a = ud_node(0x13, 1);
+    let mut q = a.qps.remove(0);
     let e = |r: Result<(), PostError>| r.unwrap_err().to_string();
     let to_b = |wr: SendWr| SendWr {
         ud: Some(crate::wr::UdDest {
@@ -1988,5 +1982,5 @@ fn ud_posts_are_checked() {
     q.post(to_b(send)).unwrap();
     // An RC QP takes no destination.
     let (mut rc, _) = pair(Mtu::M1024, 0, 0);
-    assert!(e(rc.qp.post(to_b(send))).contains("destination"));
+    assert!(e(rc.post(to_b(send))).contains("destination"));
 }
