@@ -18,19 +18,6 @@ fn packet(payload: usize) -> Vec<u8> {
     v
 }
 
-fn naive(l3: &[u8]) -> u32 {
-    let mut hdr = [0u8; 40];
-    hdr.copy_from_slice(&l3[..40]);
-    for at in [1, 8, 10, 11, 26, 27, 32] {
-        hdr[at] = 0xff;
-    }
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    h.update(&hdr);
-    h.update(&l3[40..]);
-    h.finalize()
-}
-
 fn time(iters: u32, mut f: impl FnMut() -> u32) -> f64 {
     let t = Instant::now();
     let mut acc = 0u32;
@@ -55,7 +42,7 @@ fn main() {
             a.push(time(iters, || {
                 dataplane::wire::icrc::compute(black_box(&p), false).unwrap()
             }));
-            b.push(time(iters, || naive(black_box(&p))));
+            b.push(time(iters, || bench::icrc_naive(black_box(&p))));
             c.push(time(iters, || crc32fast::hash(black_box(&p))));
         }
         let med = |v: &mut Vec<f64>| {

@@ -1,44 +1,16 @@
 use super::*;
 use wire::PacketBuf;
+use wire::Psn;
 use wire::buf::HeapBuf;
-use wire::packet::{Checks, ExtRepr, IpRepr, RoceRepr, build, parse};
-use wire::{Psn, bth, eth, ipv4, ipv4::Ecn, opcode::op, udp};
+use wire::ipv4::Ecn;
+use wire::opcode::op;
+use wire::packet::{Checks, RoceRepr, build, parse};
 
 const A: NodeId = NodeId(0);
 const B: NodeId = NodeId(1);
 
 fn frame(psn: u32) -> Vec<u8> {
-    let r = RoceRepr {
-        eth: eth::Repr {
-            dst: [2, 0, 0, 0, 0, 2],
-            src: [2, 0, 0, 0, 0, 1],
-            vlan: None,
-            ethertype: 0,
-        },
-        ip: IpRepr::V4(ipv4::Repr {
-            dscp: 26,
-            ecn: Ecn::Ect0,
-            ident: 0,
-            flags_frag: 0x4000,
-            ttl: 64,
-            protocol: ipv4::PROTO_UDP,
-            src: "10.0.0.1".parse().unwrap(),
-            dst: "10.0.0.2".parse().unwrap(),
-        }),
-        udp: udp::Repr {
-            src_port: 0xc000,
-            dst_port: udp::ROCEV2_PORT,
-            checksum: 0,
-        },
-        bth: bth::Repr {
-            opcode: op::RC_SEND_ONLY,
-            pkey: 0xffff,
-            dest_qp: 0x11,
-            psn: Psn::new(psn),
-            ..Default::default()
-        },
-        ext: ExtRepr::default(),
-    };
+    let r = RoceRepr::example(op::RC_SEND_ONLY, 0x11, psn);
     let mut b = HeapBuf::from_slice(&[7u8; 200]);
     build(&mut b, &r, false).unwrap();
     b.data().to_vec()

@@ -461,6 +461,45 @@ pub struct RoceRepr {
 }
 
 impl RoceRepr {
+    /// An RC packet with no extension headers: opcode `opcode` to QP `dest_qp` at PSN `psn`,
+    /// from 10.0.0.1 (02:00:00:00:00:01, UDP source port 0xc000) to 10.0.0.2
+    /// (02:00:00:00:00:02), DSCP 26, ECT(0), P_Key 0xffff. The frame the wire tests, the
+    /// simulator's tests and the wire benchmarks start from; change fields with struct update
+    /// syntax.
+    pub fn example(opcode: u8, dest_qp: u32, psn: u32) -> RoceRepr {
+        RoceRepr {
+            eth: eth::Repr {
+                dst: [2, 0, 0, 0, 0, 2],
+                src: [2, 0, 0, 0, 0, 1],
+                vlan: None,
+                ethertype: 0,
+            },
+            ip: IpRepr::V4(ipv4::Repr {
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                ident: 0,
+                flags_frag: 0x4000,
+                ttl: 64,
+                protocol: ipv4::PROTO_UDP,
+                src: core::net::Ipv4Addr::new(10, 0, 0, 1),
+                dst: core::net::Ipv4Addr::new(10, 0, 0, 2),
+            }),
+            udp: udp::Repr {
+                src_port: 0xc000,
+                dst_port: udp::ROCEV2_PORT,
+                checksum: 0,
+            },
+            bth: bth::Repr {
+                opcode,
+                pkey: 0xffff,
+                dest_qp,
+                psn: Psn::new(psn),
+                ..Default::default()
+            },
+            ext: ExtRepr::default(),
+        }
+    }
+
     #[inline]
     /// Parses every header of a packet already checked by [`parse`].
     pub fn parse(frame: &[u8], info: &PacketInfo) -> Result<RoceRepr> {
@@ -704,39 +743,25 @@ mod tests {
     use super::*;
     use crate::buf::HeapBuf;
     use crate::opcode::op;
-    use core::net::Ipv4Addr;
 
     #[inline]
     fn repr(opcode: u8) -> RoceRepr {
+        let r = RoceRepr::example(opcode, 0x11, 5);
         RoceRepr {
-            eth: eth::Repr {
-                dst: [2, 0, 0, 0, 0, 2],
-                src: [2, 0, 0, 0, 0, 1],
-                vlan: None,
-                ethertype: 0,
-            },
             ip: IpRepr::V4(ipv4::Repr {
-                dscp: 26,
-                ecn: Ecn::Ect0,
                 ident: 7,
-                flags_frag: 0x4000,
-                ttl: 64,
-                protocol: ipv4::PROTO_UDP,
-                src: Ipv4Addr::new(10, 0, 0, 1),
-                dst: Ipv4Addr::new(10, 0, 0, 2),
+                ..match r.ip {
+                    IpRepr::V4(v4) => v4,
+                    IpRepr::V6(_) => unreachable!("example is IPv4"),
+                }
             }),
             udp: udp::Repr {
                 src_port: 0xc123,
-                dst_port: udp::ROCEV2_PORT,
-                checksum: 0,
+                ..r.udp
             },
             bth: bth::Repr {
-                opcode,
-                pkey: 0xffff,
-                dest_qp: 0x11,
                 ack_req: true,
-                psn: Psn::new(5),
-                ..Default::default()
+                ..r.bth
             },
             ext: ExtRepr {
                 reth: Some(reth::Repr {
@@ -747,6 +772,7 @@ mod tests {
                 immdt: Some(0xabcd),
                 ..Default::default()
             },
+            ..r
         }
     }
 
