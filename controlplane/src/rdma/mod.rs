@@ -15,7 +15,7 @@ use dataplane::mem::SharedMem;
 use dataplane::net::NetStack;
 use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
-use dataplane::transport::device::{CqState, QpQuery};
+use dataplane::transport::device::{CqState, DeviceError, QpQuery};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::perftest::{LatKind, LatResult, Reply, StreamResult};
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
@@ -119,6 +119,35 @@ fn mr_error(e: MrError) -> RdmaError {
         ),
         MrError::TooMany => RdmaError::conflict("too_many", "too many memory regions"),
         other => RdmaError::bad("mr", other.to_string()),
+    }
+}
+
+/// A shard's refusal as the node gives it: by what was refused, in one place (the API turns
+/// the kind into an HTTP status).
+impl From<DeviceError> for RdmaError {
+    fn from(e: DeviceError) -> Self {
+        let msg = e.to_string();
+        match e {
+            DeviceError::NoQp(_) | DeviceError::NoCq(_) | DeviceError::NoPd(_) => {
+                RdmaError::not_found(msg)
+            }
+            DeviceError::PdInUse(_) => RdmaError::conflict("pd_busy", msg),
+            DeviceError::CqInUse { .. } => {
+                RdmaError::conflict("cq_busy", format!("{msg}: destroy those QPs first"))
+            }
+            DeviceError::NoCqNumbers => RdmaError::conflict("too_many", msg),
+            DeviceError::Mr(m) => mr_error(m),
+            DeviceError::Caps(_) => RdmaError::bad("bad_caps", msg),
+            DeviceError::Modify(_) => RdmaError::conflict("bad_state", msg),
+            DeviceError::Post(_) => RdmaError::conflict("post_refused", msg),
+            DeviceError::Member { qpn, source } => {
+                let r = RdmaError::from(*source);
+                RdmaError {
+                    message: format!("QP {qpn}: {}", r.message),
+                    ..r
+                }
+            }
+        }
     }
 }
 
@@ -489,5 +518,40 @@ pub fn wc_opcode_name(o: WcOpcode) -> &'static str {
         WcOpcode::FetchAdd => "fetch-add",
         WcOpcode::Recv => "recv",
         WcOpcode::RecvRdmaWithImm => "recv-rdma-with-imm",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::transport::qp::ModifyError;
+    use dataplane::transport::rc::PostError;
+
+    #[test]
+    fn a_shards_refusals_keep_their_kind_and_code() {
+        let r = |e: DeviceError| {
+            let r = RdmaError::from(e);
+            (r.kind, r.code)
+        };
+        assert_eq!(r(DeviceError::NoQp(7)), (Refusal::NotFound, "not_found"));
+        assert_eq!(
+            r(DeviceError::CqInUse { cqn: 3, users: 2 }),
+            (Refusal::Conflict, "cq_busy")
+        );
+        assert_eq!(
+            r(DeviceError::Post(PostError::BadState)),
+            (Refusal::Conflict, "post_refused")
+        );
+        assert_eq!(
+            r(DeviceError::Mr(MrError::InvalidKey)),
+            (Refusal::NotFound, "not_found")
+        );
+        // One QP of a bulk call refused: its own refusal, named.
+        let m = RdmaError::from(DeviceError::Member {
+            qpn: 0x12,
+            source: Box::new(DeviceError::Modify(ModifyError::Missing("path"))),
+        });
+        assert_eq!((m.kind, m.code), (Refusal::Conflict, "bad_state"));
+        assert_eq!(m.message, "QP 18: the transition needs path");
     }
 }

@@ -113,7 +113,7 @@ impl Rdma {
         }
         let cqn = self
             .ask(lcore, move |h, _| h.dev.create_cq(cqe))?
-            .map_err(|e| RdmaError::conflict("too_many", e.to_string()))?;
+            .map_err(RdmaError::from)?;
         cqs.insert(cqn, (lcore, cqe));
         Ok(CqInfo {
             cqn,
@@ -188,7 +188,7 @@ impl Rdma {
             .map(|c| c.0)
             .ok_or_else(|| RdmaError::not_found(format!("no CQ {cqn}")))?;
         self.ask(l, move |h, _| h.dev.destroy_cq(cqn))?
-            .map_err(|e| RdmaError::conflict("cq_busy", format!("{e}: destroy those QPs first")))?;
+            .map_err(RdmaError::from)?;
         cqs.remove(&cqn);
         Ok(())
     }

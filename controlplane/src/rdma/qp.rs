@@ -89,7 +89,7 @@ impl Rdma {
             .ask(lcore, move |h, _| {
                 h.dev.create_qp(caps, Some(pd), opts.cqs, cc, params)
             })?
-            .map_err(|e| RdmaError::bad("bad_caps", e.to_string()))?;
+            .map_err(RdmaError::from)?;
         let psn = random_psn();
         qps.insert(
             qpn,
@@ -136,7 +136,7 @@ impl Rdma {
             let n = (count - made.len()).min(BULK_CHUNK);
             let r = self
                 .ask(lcore, move |h, _| h.dev.create_qps(n, caps, cc, params))
-                .and_then(|r| r.map_err(|e| RdmaError::bad("bad_caps", e.to_string())));
+                .and_then(|r| r.map_err(RdmaError::from));
             match r {
                 Ok(q) => made.extend(q),
                 Err(e) => {
@@ -197,7 +197,7 @@ impl Rdma {
                         let list = chunk.to_vec();
                         move |h, _| h.dev.connect_many(&list, port)
                     })
-                    .and_then(|r| r.map_err(|e| RdmaError::conflict("bad_state", e.to_string())));
+                    .and_then(|r| r.map_err(RdmaError::from));
                 if let Err(e) = r {
                     for (l, qs) in &done {
                         for q in qs {
@@ -293,7 +293,7 @@ impl Rdma {
     ) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
         self.ask(l, move |h, _| h.dev.set_cc(qpn, kind, params))?
-            .map_err(|e| RdmaError::not_found(e.to_string()))
+            .map_err(RdmaError::from)
     }
 
     /// A QP's attributes and counters.
@@ -474,7 +474,7 @@ impl Rdma {
         let (path, port) = self.path_for(qpn, a)?;
         let c = self.settled(qpn, a, path)?;
         self.ask(l, move |h, _| h.dev.connect(qpn, &c, port))?
-            .map_err(|e| RdmaError::conflict("bad_state", e.to_string()))
+            .map_err(RdmaError::from)
     }
 
     /// A QP's type (RC or UD).
@@ -591,7 +591,7 @@ impl Rdma {
             (QpType::Rc, _) => {}
         }
         self.ask(l, move |h, _| h.dev.modify(qpn, &attr, port))?
-            .map_err(|e| RdmaError::conflict("bad_state", e.to_string()))
+            .map_err(RdmaError::from)
     }
 }
 

@@ -7,14 +7,14 @@ impl Rdma {
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
         self.ask(l, move |h, now| h.dev.post_send(qpn, wr, now))?
-            .map_err(|e| RdmaError::conflict("post_refused", e.to_string()))
+            .map_err(RdmaError::from)
     }
 
     /// Posts a receive work request.
     pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
         self.ask(l, move |h, _| h.dev.post_recv(qpn, wr))?
-            .map_err(|e| RdmaError::conflict("post_refused", e.to_string()))
+            .map_err(RdmaError::from)
     }
 
     /// Takes up to `max` completions of each kind from a QP's own CQs, waiting up to `wait`
