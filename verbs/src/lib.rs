@@ -1,0 +1,20 @@
+//! The application data path's shared pieces: what an application attached to roced and the
+//! lcore that owns its QPs both see.
+//!
+//! - [`shm`]: shared memory (a memfd, mapped by both processes; its descriptor travels over the
+//!   attach socket).
+//! - [`ring`]: single-producer/single-consumer rings in that memory, the form of a QP's send and
+//!   receive queues (the application produces, the lcore consumes) and of a CQ (the lcore
+//!   produces, the application consumes). Neither side trusts the other's index: a consumer that
+//!   sees more entries than the ring holds reports the ring corrupt instead of reading past it.
+//! - [`abi`]: the entries, work queue entries and completion queue entries, as fixed little-endian
+//!   byte layouts: decoded from a private copy, so an application rewriting a slot while the
+//!   lcore reads it changes nothing but its own request, and refused field by field.
+//!
+//! This crate depends on no other crate of ferroce and never on DPDK: the client library and
+//! roced's lcores build on it alike. Its `unsafe` is the mapping (`shm.rs`) and the ring's
+//! accesses to memory another process writes (`ring.rs`), each block with its reason.
+
+pub mod abi;
+pub mod ring;
+pub mod shm;

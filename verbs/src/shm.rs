@@ -1,0 +1,179 @@
+//! Shared memory between an application and roced: a memfd, sized once and sealed so that it
+//! can never shrink, mapped read-write and shared by each process that holds its descriptor.
+//!
+//! The seal is what makes mapping another process's memory safe for roced: pages past the end of
+//! a file that shrank would fault (SIGBUS) on the lcore's next access. [`SharedMem::create`]
+//! seals what it makes; [`SharedMem::map`] maps only a memfd sealed against shrinking and at
+//! least as long as asked.
+
+use core::ffi::c_void;
+use core::ptr::NonNull;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// Why shared memory could not be made or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("{call}: {source}")]
+    Os {
+        /// Which.
+        call: &'static str,
+        /// Its error.
+        source: rustix::io::Errno,
+    },
+    /// A zero length.
+    #[error("shared memory cannot be empty")]
+    Empty,
+    /// The descriptor's file is not sealed against shrinking (or is not a memfd).
+    #[error("the memory is not sealed against shrinking (F_SEAL_SHRINK): refused")]
+    NotSealed,
+    /// The file is shorter than asked.
+    #[error("the memory holds {have} bytes, {want} asked")]
+    TooShort {
+        /// Its length.
+        have: u64,
+        /// The length asked for.
+        want: usize,
+    },
+}
+
+fn os(call: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
+    move |source| ShmError::Os { call, source }
+}
+
+/// A mapping of a sealed memfd, unmapped on drop.
+#[derive(Debug)]
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value until drop; every access to its
+// bytes goes through raw pointers whose users (the rings) define their own synchronisation.
+unsafe impl Send for SharedMem {}
+// SAFETY: as above; `&SharedMem` hands out only the pointer and the length.
+unsafe impl Sync for SharedMem {}
+
+impl SharedMem {
+    /// Makes `len` zeroed bytes of shared memory named `name` (the name shows in
+    /// /proc/PID/maps), sealed against shrinking, growing and further sealing, and maps them.
+    pub fn create(name: &str, len: usize) -> Result<SharedMem, ShmError> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(os("fcntl(F_ADD_SEALS)"))?;
+        Self::map(fd, len)
+    }
+
+    /// Maps the first `len` bytes of the memfd `fd` (received from another process): refused
+    /// unless it is sealed against shrinking and at least `len` long.
+    pub fn map(fd: OwnedFd, len: usize) -> Result<SharedMem, ShmError> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| ShmError::NotSealed)?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(ShmError::NotSealed);
+        }
+        let have = rustix::fs::fstat(&fd).map_err(os("fstat"))?.st_size as u64;
+        if have < len as u64 {
+            return Err(ShmError::TooShort { have, want: len });
+        }
+        // SAFETY: a fresh shared mapping chosen by the kernel (no address given, so nothing of
+        // ours is replaced), of a file that cannot shrink below `len` (checked above).
+        let p = unsafe {
+            rustix::mm::mmap(
+                core::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(os("mmap"))?;
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os {
+            call: "mmap",
+            source: rustix::io::Errno::FAULT,
+        })?;
+        Ok(SharedMem { ptr, len, fd })
+    }
+
+    /// The first byte of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: shared memory is never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The memfd, to pass to another process (or to duplicate).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of this length, unmapped once; the rings that
+        // point into it hold an `Arc` of this value, so none is left.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_mappings_of_one_memfd_see_each_others_writes() {
+        let a = SharedMem::create("ferroce-test", 4096).unwrap();
+        let b = SharedMem::map(a.fd().try_clone_to_owned().unwrap(), 4096).unwrap();
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        // SAFETY: both pointers are into live 4096-byte mappings; one writer, then one reader.
+        unsafe {
+            a.as_ptr().add(100).write_volatile(0xa5);
+            assert_eq!(b.as_ptr().add(100).read_volatile(), 0xa5);
+        }
+    }
+
+    #[test]
+    fn memory_that_could_shrink_or_is_short_is_refused() {
+        // An unsealed memfd, as a careless (or hostile) application would send.
+        let fd = rustix::fs::memfd_create("ferroce-unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, 8192).unwrap();
+        assert!(matches!(SharedMem::map(fd, 4096), Err(ShmError::NotSealed)));
+        // Sealed memory cannot be shrunk under a mapping.
+        let a = SharedMem::create("ferroce-test", 4096).unwrap();
+        assert!(rustix::fs::ftruncate(a.fd(), 0).is_err());
+        let short = a.fd().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            SharedMem::map(short, 8192),
+            Err(ShmError::TooShort {
+                have: 4096,
+                want: 8192
+            })
+        ));
+        assert!(matches!(SharedMem::create("x", 0), Err(ShmError::Empty)));
+        // A descriptor that is not a memfd at all.
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(matches!(
+            SharedMem::map(f.into(), 16),
+            Err(ShmError::NotSealed)
+        ));
+    }
+}
