@@ -6,7 +6,7 @@ impl Rdma {
     /// Posts a send work request.
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), RdmaError> {
         let l = self.lcore_of(qpn)?;
-        self.ask(l, move |h, now| h.dev.post_send(qpn, wr, now))?
+        self.ask(l, move |h, now| h.dev.post_send(qpn, &wr, None, now))?
             .map_err(RdmaError::from)
     }
 

@@ -95,7 +95,12 @@ pub fn connect_pair_with(x: &mut impl Asker, mtu: Mtu, cc: CcKind) -> Result<Pai
         qpns[i] = x
             .call(i, move |h, _| {
                 let p = DcqcnParams::nvidia();
-                h.dev.create_qp(QpCaps::default(), None, [None; 2], cc, p)
+                // Inline data up to 256 bytes, as perftest asks of a device by default.
+                let caps = QpCaps {
+                    max_inline_data: 256,
+                    ..QpCaps::default()
+                };
+                h.dev.create_qp(caps, None, [None; 2], cc, p)
             })?
             .map_err(|e| e.to_string())?;
     }
@@ -128,7 +133,7 @@ pub fn pair_check(a: &HostControl, b: &HostControl, mtu: Mtu) -> Result<(), Stri
     let sg = |key: u32, va: u64, len: u32| Sge::list(va, len, key);
     let post = |c: &HostControl, q: u32, id: u64, op: SendOp, sg: SgList| {
         ask(c, move |h, now| {
-            h.dev.post_send(q, SendWr::new(id, op, sg), now)
+            h.dev.post_send(q, &SendWr::new(id, op, sg), None, now)
         })?
         .map_err(|e| e.to_string())
     };

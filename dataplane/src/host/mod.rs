@@ -15,10 +15,12 @@
 //! channel ([`ask`] makes one and waits). Memory regions belong to the lcore they were
 //! registered on, unless registered node-wide (`Device::reg_shared`).
 
+mod app;
 mod kit;
 #[cfg(test)]
 mod tests;
 
+pub use app::{AppCounters, AppQueues, Apps, ENTRIES_PER_POLL};
 pub use kit::{Asker, PAIR_VA, Pair, connect_pair, connect_pair_with, pair_check};
 
 use crate::PacketBuf;
@@ -48,6 +50,8 @@ pub struct Shard {
     pub dev: Device,
     /// perftest's streams and latency tests.
     pub tests: Tests,
+    /// The QPs applications drive through shared-memory rings.
+    pub apps: Apps,
     /// Frames handed to the lcore owning their QP.
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
@@ -140,6 +144,7 @@ impl<B: PacketBuf> RdmaHost<B> {
             shard: Shard {
                 dev: Device::new(shard, port, line_bps),
                 tests: Tests::default(),
+                apps: Apps::default(),
                 handoffs: 0,
                 handoff_drops: 0,
             },
@@ -289,6 +294,9 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
             }
         }
         let s = &mut self.shard;
+        if !s.apps.is_empty() {
+            s.apps.poll(&mut s.dev, now);
+        }
         s.tests.poll(&mut s.dev, now);
         s.dev.handle_timeouts(now);
         self.flush(io);

@@ -102,7 +102,7 @@ fn frames_to_a_destroyed_qp_do_not_land_on_the_next_qp_connected_to_the_same_nod
             },
             transport::wr::Sge::list(PAIR_VA, 4096, old.ka),
         );
-        ask(&a, move |h, now| h.dev.post_send(old.qpa, wr, now))
+        ask(&a, move |h, now| h.dev.post_send(old.qpa, &wr, None, now))
             .unwrap()
             .unwrap();
     }
@@ -220,7 +220,7 @@ fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
     assert_eq!(shard_of(q), 1);
     // Wrong input gets an answer, not a panic.
     let wr = SendWr::new(9, SendOp::Send, transport::wr::SgList::new());
-    let r = ask(a, move |h, now| h.dev.post_send(0x77, wr, now)).unwrap();
+    let r = ask(a, move |h, now| h.dev.post_send(0x77, &wr, None, now)).unwrap();
     assert_eq!(r.unwrap_err(), DeviceError::NoQp(0x77));
     assert!(!ask(a, |h, _| h.dev.destroy_qp(0x77)).unwrap());
     stop_all(&ctls, threads);
@@ -292,4 +292,182 @@ fn frames_on_another_lcores_queue_are_handed_to_the_owner() {
     assert!(a_lcore1.handoffs > 0, "{a_lcore1:?}");
     assert_eq!(b_lcore0.handoff_drops + a_lcore1.handoff_drops, 0);
     stop_all(ctls.iter().flatten(), threads);
+}
+
+/// An application's side of one QP's rings, and roced's, in one piece of shared memory.
+mod app_rings {
+    use super::*;
+    use verbs::abi::{self, Cqe, SendWqe, WrOpcode, send_flags};
+    use verbs::ring::{Consumer, Producer, RingLayout};
+    use verbs::shm::SharedMem;
+
+    pub(super) struct App {
+        pub sq: Producer,
+        pub scq: Consumer,
+        pub mem: Arc<SharedMem>,
+    }
+
+    /// Rings for QP `qpn`: the application's ends and the lcore's.
+    pub(super) fn rings(qpn: u32) -> (App, AppQueues) {
+        let sq = RingLayout::new(16, 128).unwrap();
+        let rq = RingLayout::new(16, 64).unwrap();
+        let cq = RingLayout::new(64, 32).unwrap();
+        let at = [
+            0,
+            sq.bytes(),
+            sq.bytes() + rq.bytes(),
+            sq.bytes() + rq.bytes() + cq.bytes(),
+        ];
+        let mem = Arc::new(SharedMem::create("ferroce-app-test", at[3] + cq.bytes()).unwrap());
+        let app = App {
+            sq: Producer::new(mem.clone(), at[0], sq).unwrap(),
+            scq: Consumer::new(mem.clone(), at[2], cq).unwrap(),
+            mem: mem.clone(),
+        };
+        let lcore = AppQueues {
+            qpn,
+            sq: Consumer::new(mem.clone(), at[0], sq).unwrap(),
+            rq: Consumer::new(mem.clone(), at[1], rq).unwrap(),
+            scq: Producer::new(mem.clone(), at[2], cq).unwrap(),
+            rcq: Producer::new(mem, at[3], cq).unwrap(),
+        };
+        (app, lcore)
+    }
+
+    pub(super) fn write(id: u64, lkey: u32, rkey: u32, off: u64, len: u32) -> SendWqe<'static> {
+        let mut sg = arrayvec::ArrayVec::new();
+        sg.push(abi::Sge {
+            addr: PAIR_VA + off,
+            length: len,
+            lkey,
+        });
+        SendWqe {
+            wr_id: id,
+            opcode: WrOpcode::Write,
+            flags: send_flags::SIGNALED,
+            imm: 0,
+            remote_addr: PAIR_VA + off,
+            rkey,
+            compare_add: 0,
+            swap: 0,
+            ud: abi::UdTarget::default(),
+            sg,
+            inline: &[],
+        }
+    }
+
+    impl App {
+        pub fn post(&mut self, w: &SendWqe<'_>) {
+            let mut slot = [0u8; 128];
+            let n = w.encode(&mut slot).unwrap();
+            assert!(self.sq.push(&slot[..n]).unwrap(), "send queue full");
+        }
+
+        /// The next completion, waiting up to 20 s.
+        pub fn completion(&mut self) -> Cqe {
+            let t = std::time::Instant::now();
+            let mut b = [0u8; abi::CQE_BYTES];
+            while t.elapsed() < WAIT {
+                if self.scq.pop(&mut b).unwrap() {
+                    return Cqe::decode(&b);
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            panic!("no completion in {WAIT:?}");
+        }
+    }
+}
+
+#[test]
+fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
+    use app_rings::{rings, write};
+    use verbs::abi::{SendWqe, WrOpcode, send_flags};
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    let one = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let two = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let (mut app1, q1) = rings(one.qpa);
+    let (mut app2, q2) = rings(two.qpa);
+    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q1))
+        .unwrap()
+        .unwrap();
+    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q2))
+        .unwrap()
+        .unwrap();
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
+    let p = pattern.clone();
+    let ka = one.ka;
+    ask(&a, move |h, _| h.dev.write_mr(ka, PAIR_VA, &p))
+        .unwrap()
+        .unwrap();
+
+    // A WRITE and an inline WRITE from the application's ring land, byte for byte.
+    app1.post(&write(1, one.ka, one.kb, 0, 8192));
+    let c = app1.completion();
+    assert_eq!((c.wr_id, c.status, c.opcode, c.qp_num), (1, 0, 1, one.qpa));
+    let kb = one.kb;
+    let got = ask(&b, move |h, _| h.dev.read_mr(kb, PAIR_VA, 8192))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, pattern);
+    let words = b"written inline from an application's ring";
+    app1.post(&SendWqe {
+        flags: send_flags::SIGNALED | send_flags::INLINE,
+        sg: arrayvec::ArrayVec::new(),
+        inline: words,
+        ..write(2, 0, one.kb, 0x10000, 0)
+    });
+    assert_eq!(app1.completion().status, 0);
+    let n = words.len();
+    let got = ask(&b, move |h, _| h.dev.read_mr(kb, PAIR_VA + 0x10000, n))
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got[..], &words[..]);
+
+    // An entry that does not decode completes in error under its wr_id and takes its QP to
+    // ERR; what follows it completes flushed.
+    let mut bad = [0u8; 128];
+    write(3, one.ka, one.kb, 0, 64).encode(&mut bad).unwrap();
+    bad[8] = 7; // IBV_WR_LOCAL_INV: not offered
+    assert!(app1.sq.push(&bad).unwrap());
+    let c = app1.completion();
+    assert_eq!((c.wr_id, c.status), (3, 2), "IBV_WC_LOC_QP_OP_ERR");
+    app1.post(&write(4, one.ka, one.kb, 0, 64));
+    let c = app1.completion();
+    assert_eq!((c.wr_id, c.status), (4, 5), "IBV_WC_WR_FLUSH_ERR");
+    let q = one.qpa;
+    let st = ask(&a, move |h, now| h.dev.query(q, now)).unwrap().unwrap();
+    assert_eq!(st.cfg.state, transport::qp::QpState::Err);
+
+    // The other application QP on the lcore does not notice, nor after its neighbour's ring
+    // is corrupted (a producer index far past the ring).
+    // SAFETY: the send ring's producer index, at the start of the shared memory.
+    unsafe { (app1.mem.as_ptr() as *mut u32).write_volatile(1000) };
+    let p2 = pattern.clone();
+    let ka2 = two.ka;
+    ask(&a, move |h, _| h.dev.write_mr(ka2, PAIR_VA, &p2))
+        .unwrap()
+        .unwrap();
+    for id in 10..20 {
+        app2.post(&SendWqe {
+            opcode: WrOpcode::Write,
+            ..write(id, two.ka, two.kb, 0, 8192)
+        });
+        let c = app2.completion();
+        assert_eq!((c.wr_id, c.status), (id, 0));
+    }
+    let kb2 = two.kb;
+    let got = ask(&b, move |h, _| h.dev.read_mr(kb2, PAIR_VA, 8192))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, pattern);
+    let counters = ask(&a, |h, _| h.apps.counters).unwrap();
+    assert_eq!(counters.broken_rings, 1, "{counters:?}");
+    assert_eq!(counters.refused, 1, "{counters:?}");
+    // Posted: two WRITEs on the first QP, ten on the second; the refused entry and the one
+    // flushed behind it are not.
+    assert_eq!(counters.sends, 12, "{counters:?}");
+    assert_eq!(counters.completions, 14, "{counters:?}");
+    stop_all([&a, &b], vec![ta, tb]);
 }

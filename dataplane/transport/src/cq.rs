@@ -205,6 +205,11 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// The oldest completion, left in the queue.
+    pub fn peek(&self) -> Option<&WorkCompletion> {
+        self.entries.front()
+    }
+
     /// Takes the oldest completion.
     pub fn pop(&mut self) -> Option<WorkCompletion> {
         self.entries.pop_front()

@@ -1,7 +1,7 @@
 //! The device's verbs: one method per call, each answering a value or a typed
 //! [`DeviceError`] (the REST API maps them to status codes; nothing here knows HTTP).
 
-use super::{Device, DeviceError, QPN_SHARD_SHIFT};
+use super::{Claim, Device, DeviceError, QPN_SHARD_SHIFT};
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use crate::cq::{CompletionQueue, LatencyHistograms, WorkCompletion};
 use crate::mr::{Access, MrError, MrMemory, PdHandle};
@@ -293,12 +293,23 @@ impl Device {
             .collect()
     }
 
-    /// Posts a send work request (its inline bytes, if it is inline, gathered now).
-    pub fn post_send(&mut self, qpn: u32, mut wr: SendWr, now: Instant) -> Result<(), DeviceError> {
-        let d = crate::wr::take_inline(&self.mrs, &mut wr)?;
+    /// Posts a send work request: the one entry point. `inline` is its payload when the
+    /// caller has the bytes (an application's ring entry carries them); a request flagged
+    /// inline without them has its bytes gathered now from its SG list.
+    pub fn post_send(
+        &mut self,
+        qpn: u32,
+        wr: &SendWr,
+        inline: Option<&[u8]>,
+        now: Instant,
+    ) -> Result<(), DeviceError> {
+        let gathered = match inline {
+            Some(_) => None,
+            None => crate::wr::inline_bytes(&self.mrs, wr)?,
+        };
         let (i, s) = self.slot_of(qpn)?;
         s.qp.observe(now);
-        let r = s.qp.post_send(&wr, wr.wr_id, d.as_deref());
+        let r = s.qp.post_send(wr, wr.wr_id, inline.or(gathered.as_deref()));
         self.mark_ready(i);
         Ok(r?)
     }
@@ -310,6 +321,36 @@ impl Device {
         // Ready, so that a receive posted in ERR is flushed on the next poll.
         self.mark_ready(i);
         Ok(r?)
+    }
+
+    /// Gives QP `qpn`'s completions to whoever drives it (an application's rings, a test)
+    /// instead of its CQs: they wait in the QP's own queues for [`Device::take_completions`].
+    pub fn claim_qp(&mut self, qpn: u32, c: Claim) -> Result<(), DeviceError> {
+        let (i, _) = self.slot_of(qpn)?;
+        self.claim(i, c);
+        Ok(())
+    }
+
+    /// Hands QP `qpn`'s own send (`send`) or receive completions, oldest first, to `f` while
+    /// it takes them (returns true); a completion it refuses stays, first in line. Allocates
+    /// nothing. How many were taken.
+    pub fn take_completions(
+        &mut self,
+        qpn: u32,
+        send: bool,
+        mut f: impl FnMut(&WorkCompletion) -> bool,
+    ) -> Result<usize, DeviceError> {
+        let (_, s) = self.slot_of(qpn)?;
+        let cq = if send { &mut s.scq } else { &mut s.rcq };
+        let mut n = 0;
+        while let Some(wc) = cq.peek() {
+            if !f(wc) {
+                break;
+            }
+            cq.pop();
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Takes up to `max` completions from a QP's own send and receive CQs (a side bound to a

@@ -1,0 +1,415 @@
+//! Applications' queues on the lcore: the send and receive queues an attached application
+//! writes work queue entries into, and the completion rings it reads, as one more input and
+//! output of the shard's device (issue 21; the attach socket that sets them up comes next).
+//!
+//! Each loop iteration, [`Apps::poll`] takes what every attached QP's rings hold (a bounded
+//! number of entries per ring), decodes each entry from its private copy
+//! ([`verbs::ring::Consumer::pop`]), turns it into the transport's work request and posts it on the
+//! device; then it moves the QP's completions, which the device keeps in the QP's own queues
+//! for it ([`Device::claim_qp`]), into the application's completion rings, as many as they
+//! have room for (the rest wait, first in line). Nothing here allocates, locks or makes a
+//! system call.
+//!
+//! Bad input stays with its QP. An entry that does not decode, or that the QP refuses, completes
+//! in error (`IBV_WC_LOC_QP_OP_ERR`, or the local protection error the post names) and moves
+//! the QP to ERR, as a provider that finds a bad WQE does; its other work completes flushed. A
+//! ring whose indices are impossible is abandoned: its QP goes to ERR and the ring is read no
+//! more. No other QP, and nothing of the lcore, notices.
+
+use crate::time::Instant;
+use transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+use transport::device::{Claim, Device, DeviceError};
+use transport::qp::{QpAttr, QpState};
+use transport::rc::PostError;
+use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WrError};
+use verbs::abi::{self, Cqe, RecvWqe, SendWqe, WrOpcode, send_flags};
+use verbs::ring::{Consumer, Producer};
+
+// The rings' scatter/gather lists fit the transport's.
+const _: () = assert!(abi::MAX_SGE == transport::wr::MAX_SGE);
+
+/// Entries taken from one ring per loop iteration, so that a busy application cannot hold the
+/// lcore away from its frames and its other QPs.
+pub const ENTRIES_PER_POLL: usize = 32;
+/// The largest slot a ring may have (what [`verbs::ring::RingLayout`] allows).
+const MAX_SLOT: usize = 4096;
+
+/// The rings of one application QP.
+#[derive(Debug)]
+pub struct AppQueues {
+    /// The device QP they drive.
+    pub qpn: u32,
+    /// Send work queue entries, from the application.
+    pub sq: Consumer,
+    /// Receive work queue entries, from the application.
+    pub rq: Consumer,
+    /// Send completions, to the application.
+    pub scq: Producer,
+    /// Receive completions, to the application.
+    pub rcq: Producer,
+}
+
+/// What the application queues of a shard did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppCounters {
+    /// Send entries posted.
+    pub sends: u64,
+    /// Receive entries posted.
+    pub recvs: u64,
+    /// Completions written to the applications' rings.
+    pub completions: u64,
+    /// Entries refused (they did not decode, or the QP refused them).
+    pub refused: u64,
+    /// Rings abandoned because their indices were impossible.
+    pub broken_rings: u64,
+}
+
+#[derive(Debug)]
+struct AppQp {
+    q: AppQueues,
+    /// A ring of it was corrupt: the QP is in ERR and its rings are read no more.
+    broken: bool,
+}
+
+/// The shard's application QPs.
+#[derive(Debug)]
+pub struct Apps {
+    qps: Vec<AppQp>,
+    /// A private copy of the slot being decoded.
+    slot: Box<[u8; MAX_SLOT]>,
+    /// What they did.
+    pub counters: AppCounters,
+}
+
+impl Default for Apps {
+    fn default() -> Self {
+        Apps {
+            qps: Vec::new(),
+            slot: Box::new([0; MAX_SLOT]),
+            counters: AppCounters::default(),
+        }
+    }
+}
+
+impl Apps {
+    /// Drives QP `q.qpn` of `dev` from these rings from now on (its completions go to them).
+    pub fn attach(&mut self, dev: &mut Device, q: AppQueues) -> Result<(), DeviceError> {
+        dev.claim_qp(
+            q.qpn,
+            Claim {
+                send: true,
+                recv: true,
+            },
+        )?;
+        self.qps.retain(|a| a.q.qpn != q.qpn);
+        self.qps.push(AppQp { q, broken: false });
+        Ok(())
+    }
+
+    /// Stops reading QP `qpn`'s rings and gives them back (the QP itself is the device's).
+    pub fn detach(&mut self, qpn: u32) -> Option<AppQueues> {
+        let i = self.qps.iter().position(|a| a.q.qpn == qpn)?;
+        Some(self.qps.swap_remove(i).q)
+    }
+
+    /// QPs driven by rings.
+    pub fn len(&self) -> usize {
+        self.qps.len()
+    }
+
+    /// None.
+    pub fn is_empty(&self) -> bool {
+        self.qps.is_empty()
+    }
+
+    /// Takes what the rings hold, posts it, and writes what completed (see the module doc).
+    pub fn poll(&mut self, dev: &mut Device, now: Instant) {
+        let slot = &mut self.slot[..];
+        let c = &mut self.counters;
+        let mut gone = false;
+        for a in &mut self.qps {
+            if dev.index(a.q.qpn).is_none() {
+                // Destroyed: its rings are read no more.
+                gone = true;
+                continue;
+            }
+            if a.broken {
+                // Its completions (the flushes) still reach the application.
+                complete(dev, a, c);
+                continue;
+            }
+            take_sends(dev, a, slot, c, now);
+            if !a.broken {
+                take_recvs(dev, a, slot, c);
+            }
+            complete(dev, a, c);
+        }
+        if gone {
+            self.qps.retain(|a| dev.index(a.q.qpn).is_some());
+        }
+    }
+}
+
+fn take_sends(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCounters, now: Instant) {
+    let size = a.q.sq.layout().slot_size as usize;
+    for _ in 0..ENTRIES_PER_POLL {
+        match a.q.sq.pop(&mut slot[..size]) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(_) => return broken(dev, a, c),
+        }
+        let entry = &slot[..size];
+        let r = match SendWqe::decode(entry) {
+            Ok(w) => match send_wr(&w) {
+                Some(wr) => {
+                    let inline = (w.flags & send_flags::INLINE != 0).then_some(w.inline);
+                    dev.post_send(a.q.qpn, &wr, inline, now)
+                        .map_err(|e| status_of(&e))
+                }
+                // UD needs address handles, which the attach socket will create.
+                None => Err(WcStatus::LocQpOpErr),
+            },
+            Err(_) => Err(WcStatus::LocQpOpErr),
+        };
+        match r {
+            Ok(()) => c.sends += 1,
+            // Posted to a QP in ERR: flushed, as verbs completes such work (IBTA 10.7.1.x),
+            // and the QP stays as it is.
+            Err(_) if in_err(dev, a.q.qpn) => {
+                flushed(dev, a, c, entry_id(entry), entry_opcode(entry));
+            }
+            Err(status) => {
+                let opcode = entry_opcode(entry);
+                return refuse(dev, a, c, entry_id(entry), status, opcode, true);
+            }
+        }
+    }
+}
+
+fn take_recvs(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCounters) {
+    let size = a.q.rq.layout().slot_size as usize;
+    for _ in 0..ENTRIES_PER_POLL {
+        match a.q.rq.pop(&mut slot[..size]) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(_) => return broken(dev, a, c),
+        }
+        let entry = &slot[..size];
+        let r = match RecvWqe::decode(entry) {
+            Ok(w) => dev
+                .post_recv(a.q.qpn, recv_wr(&w))
+                .map_err(|e| status_of(&e)),
+            Err(_) => Err(WcStatus::LocQpOpErr),
+        };
+        match r {
+            Ok(()) => c.recvs += 1,
+            Err(status) => {
+                return refuse(dev, a, c, entry_id(entry), status, WcOpcode::Recv, false);
+            }
+        }
+    }
+}
+
+/// The wr_id of an entry that may not decode (its first eight bytes, as the layout puts it).
+fn entry_id(entry: &[u8]) -> u64 {
+    entry
+        .get(..8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+fn entry_opcode(entry: &[u8]) -> WcOpcode {
+    match entry.get(8).copied() {
+        Some(0 | 1) => WcOpcode::RdmaWrite,
+        Some(4) => WcOpcode::RdmaRead,
+        Some(5) => WcOpcode::CompSwap,
+        Some(6) => WcOpcode::FetchAdd,
+        _ => WcOpcode::Send,
+    }
+}
+
+/// An entry the QP cannot take: what completed before it reaches the application first, then
+/// the entry's error completion; the QP goes to ERR (its other work completes flushed).
+fn refuse(
+    dev: &mut Device,
+    a: &mut AppQp,
+    c: &mut AppCounters,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    send: bool,
+) {
+    c.refused += 1;
+    complete(dev, a, c);
+    let wc = WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: a.q.qpn,
+        src_qp: None,
+    };
+    let ring = if send { &mut a.q.scq } else { &mut a.q.rcq };
+    if matches!(ring.push(&cqe(&wc).encode()), Ok(true)) {
+        c.completions += 1;
+    }
+    to_err(dev, a.q.qpn);
+}
+
+fn in_err(dev: &Device, qpn: u32) -> bool {
+    dev.index(qpn).and_then(|i| dev.state(i)) == Some(QpState::Err)
+}
+
+/// A send entry for a QP in ERR completes flushed, after what completed before it.
+fn flushed(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters, wr_id: u64, opcode: WcOpcode) {
+    complete(dev, a, c);
+    let wc = WorkCompletion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: a.q.qpn,
+        src_qp: None,
+    };
+    if matches!(a.q.scq.push(&cqe(&wc).encode()), Ok(true)) {
+        c.completions += 1;
+    }
+}
+
+fn broken(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
+    c.broken_rings += 1;
+    a.broken = true;
+    to_err(dev, a.q.qpn);
+}
+
+fn to_err(dev: &mut Device, qpn: u32) {
+    let err = QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    let _ = dev.modify(qpn, &err, 0);
+}
+
+/// Moves the QP's completions into the application's rings while they have room.
+fn complete(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
+    for (send, ring) in [(true, &mut a.q.scq), (false, &mut a.q.rcq)] {
+        let n = dev
+            .take_completions(a.q.qpn, send, |wc| {
+                matches!(ring.push(&cqe(wc).encode()), Ok(true))
+            })
+            .unwrap_or(0);
+        c.completions += n as u64;
+    }
+}
+
+/// The transport's work request for a ring entry (None: UD, not yet offered).
+fn send_wr(w: &SendWqe<'_>) -> Option<SendWr> {
+    if w.ud != abi::UdTarget::default() {
+        return None;
+    }
+    let (remote_addr, rkey) = (w.remote_addr, w.rkey);
+    let op = match w.opcode {
+        WrOpcode::Write => SendOp::Write { remote_addr, rkey },
+        WrOpcode::WriteWithImm => SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm: w.imm,
+        },
+        WrOpcode::Send => SendOp::Send,
+        WrOpcode::SendWithImm => SendOp::SendWithImm(w.imm),
+        WrOpcode::SendWithInv => SendOp::SendWithInv(w.imm),
+        WrOpcode::Read => SendOp::Read { remote_addr, rkey },
+        WrOpcode::CmpSwap => SendOp::CmpSwap {
+            remote_addr,
+            rkey,
+            compare: w.compare_add,
+            swap: w.swap,
+        },
+        WrOpcode::FetchAdd => SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add: w.compare_add,
+        },
+    };
+    Some(SendWr {
+        wr_id: w.wr_id,
+        op,
+        sg: sg_list(&w.sg),
+        signaled: w.flags & send_flags::SIGNALED != 0,
+        solicited: w.flags & send_flags::SOLICITED != 0,
+        fence: w.flags & send_flags::FENCE != 0,
+        inline: w.flags & send_flags::INLINE != 0,
+        ud: None,
+    })
+}
+
+fn recv_wr(w: &RecvWqe) -> RecvWr {
+    RecvWr {
+        wr_id: w.wr_id,
+        sg: sg_list(&w.sg),
+    }
+}
+
+fn sg_list(sg: &[abi::Sge]) -> SgList {
+    sg.iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+/// The completion status of a refused post.
+fn status_of(e: &DeviceError) -> WcStatus {
+    match e {
+        DeviceError::Post(PostError::Wr(WrError::BadInlineSge)) => WcStatus::LocProtErr,
+        DeviceError::Post(PostError::Wr(WrError::TooLong)) => WcStatus::LocLenErr,
+        _ => WcStatus::LocQpOpErr,
+    }
+}
+
+/// A completion as the ring carries it (libibverbs' values).
+fn cqe(wc: &WorkCompletion) -> Cqe {
+    let status = match wc.status {
+        WcStatus::Success => 0,
+        WcStatus::LocLenErr => 1,
+        WcStatus::LocQpOpErr => 2,
+        WcStatus::LocProtErr => 4,
+        WcStatus::WrFlushErr => 5,
+        WcStatus::BadRespErr => 7,
+        WcStatus::RemInvReqErr => 9,
+        WcStatus::RemAccessErr => 10,
+        WcStatus::RemOpErr => 11,
+        WcStatus::RetryExcErr => 12,
+        WcStatus::RnrRetryExcErr => 13,
+        WcStatus::GeneralErr => 21,
+    };
+    let opcode = match wc.opcode {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::Recv => 128,
+        WcOpcode::RecvRdmaWithImm => 129,
+    };
+    let (imm, flags) = match (wc.imm_data, wc.invalidated_rkey) {
+        (Some(i), _) => (i, 2),
+        (None, Some(k)) => (k, 4),
+        (None, None) => (0, 0),
+    };
+    Cqe {
+        wr_id: wc.wr_id,
+        byte_len: wc.byte_len,
+        imm,
+        qp_num: wc.qp_num,
+        src_qp: wc.src_qp.unwrap_or(0),
+        status,
+        opcode,
+        flags,
+    }
+}
