@@ -173,19 +173,20 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+fn sge_at(b: &[u8], at: usize) -> Sge {
+    Sge {
+        addr: u64_at(b, at),
+        length: u32_at(b, at + 8),
+        lkey: u32_at(b, at + 12),
+    }
+}
+
 fn sges(b: &[u8], from: usize, n: u8) -> Result<ArrayVec<Sge, MAX_SGE>, AbiError> {
     if n as usize > MAX_SGE || from + n as usize * SGE_BYTES > b.len() {
         return Err(AbiError::TooManySge(n));
     }
     Ok((0..n as usize)
-        .map(|i| {
-            let at = from + i * SGE_BYTES;
-            Sge {
-                addr: u64_at(b, at),
-                length: u32_at(b, at + 8),
-                lkey: u32_at(b, at + 12),
-            }
-        })
+        .map(|i| sge_at(b, from + i * SGE_BYTES))
         .collect())
 }
 
@@ -241,45 +242,115 @@ impl<'a> SendWqe<'a> {
         Ok(n)
     }
 
-    /// Decodes the entry in `slot` (a private copy of a ring slot).
+    /// Decodes the entry in `slot` (a private copy of a ring slot): [`SendView::new_checked`]
+    /// and every field read.
     pub fn decode(slot: &'a [u8]) -> Result<SendWqe<'a>, AbiError> {
+        let v = SendView::new_checked(slot)?;
+        Ok(SendWqe {
+            wr_id: v.wr_id(),
+            opcode: v.opcode(),
+            flags: v.flags(),
+            imm: v.imm(),
+            remote_addr: v.remote_addr(),
+            rkey: v.rkey(),
+            compare_add: v.compare_add(),
+            swap: v.swap(),
+            ud: v.ud(),
+            sg: v.sges().collect(),
+            inline: v.inline(),
+        })
+    }
+}
+
+/// A send work queue entry read where it lies (smoltcp's checked view): what the lcore uses,
+/// copying no field it does not need. After [`SendView::new_checked`] no accessor can panic.
+#[derive(Clone, Copy, Debug)]
+pub struct SendView<'a>(&'a [u8]);
+
+impl<'a> SendView<'a> {
+    /// A view of the entry in `slot`, refused if a field is out of range: an unknown opcode or
+    /// flag, more scatter/gather entries than [`MAX_SGE`] or the slot holds, inline data past
+    /// [`MAX_INLINE`] or the slot.
+    pub fn new_checked(slot: &'a [u8]) -> Result<SendView<'a>, AbiError> {
         if slot.len() < SEND_HEADER {
             return Err(AbiError::Short(slot.len()));
         }
-        let opcode = WrOpcode::from_u8(slot[8]).ok_or(AbiError::Opcode(slot[8]))?;
+        WrOpcode::from_u8(slot[8]).ok_or(AbiError::Opcode(slot[8]))?;
         let flags = slot[9];
         if flags & !send_flags::ALL != 0 {
             return Err(AbiError::Flags(flags));
         }
-        let (sg, inline) = if flags & send_flags::INLINE != 0 {
+        if flags & send_flags::INLINE != 0 {
             let len = u32_at(slot, 28);
             if len as usize > MAX_INLINE || SEND_HEADER + len as usize > slot.len() {
                 return Err(AbiError::InlineTooLong(len));
             }
-            (
-                ArrayVec::new(),
-                &slot[SEND_HEADER..SEND_HEADER + len as usize],
-            )
         } else {
-            (sges(slot, SEND_HEADER, slot[10])?, &[][..])
+            let n = slot[10];
+            if n as usize > MAX_SGE || SEND_HEADER + n as usize * SGE_BYTES > slot.len() {
+                return Err(AbiError::TooManySge(n));
+            }
+        }
+        Ok(SendView(slot))
+    }
+
+    /// Returned in its completion.
+    pub fn wr_id(&self) -> u64 {
+        u64_at(self.0, 0)
+    }
+    /// The operation.
+    pub fn opcode(&self) -> WrOpcode {
+        WrOpcode::from_u8(self.0[8]).unwrap_or(WrOpcode::Send)
+    }
+    /// [`send_flags`].
+    pub fn flags(&self) -> u8 {
+        self.0[9]
+    }
+    /// Immediate data or the key to invalidate.
+    pub fn imm(&self) -> u32 {
+        u32_at(self.0, 12)
+    }
+    /// Remote address.
+    pub fn remote_addr(&self) -> u64 {
+        u64_at(self.0, 16)
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        u32_at(self.0, 24)
+    }
+    /// Compare or add operand.
+    pub fn compare_add(&self) -> u64 {
+        u64_at(self.0, 32)
+    }
+    /// Swap operand.
+    pub fn swap(&self) -> u64 {
+        u64_at(self.0, 40)
+    }
+    /// UD's target (all zero on RC).
+    pub fn ud(&self) -> UdTarget {
+        UdTarget {
+            remote_qpn: u32_at(self.0, 48),
+            qkey: u32_at(self.0, 52),
+            ah: u32_at(self.0, 56),
+        }
+    }
+    /// Its scatter/gather entries (none when inline).
+    pub fn sges(&self) -> impl Iterator<Item = Sge> + 'a {
+        let b = self.0;
+        let n = if b[9] & send_flags::INLINE != 0 {
+            0
+        } else {
+            b[10] as usize
         };
-        Ok(SendWqe {
-            wr_id: u64_at(slot, 0),
-            opcode,
-            flags,
-            imm: u32_at(slot, 12),
-            remote_addr: u64_at(slot, 16),
-            rkey: u32_at(slot, 24),
-            compare_add: u64_at(slot, 32),
-            swap: u64_at(slot, 40),
-            ud: UdTarget {
-                remote_qpn: u32_at(slot, 48),
-                qkey: u32_at(slot, 52),
-                ah: u32_at(slot, 56),
-            },
-            sg,
-            inline,
-        })
+        (0..n).map(move |i| sge_at(b, SEND_HEADER + i * SGE_BYTES))
+    }
+    /// Its inline payload (empty unless [`send_flags::INLINE`]).
+    pub fn inline(&self) -> &'a [u8] {
+        if self.0[9] & send_flags::INLINE == 0 {
+            return &[];
+        }
+        let len = u32_at(self.0, 28) as usize;
+        &self.0[SEND_HEADER..SEND_HEADER + len]
     }
 }
 

@@ -166,7 +166,9 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
     use verbs::ring::{Consumer, Producer, RingLayout};
     use verbs::shm::SharedMem;
     let slots = (a.depth as u32).next_power_of_two().max(2);
-    let sq = RingLayout::new(slots, 128).expect("send ring");
+    // A slot of one scatter/gather entry, as a QP of max_send_sge 1 has (perftest's).
+    // A slot of one scatter/gather entry, as a QP of max_send_sge 1 has (perftest's).
+    let sq = RingLayout::new(slots, (abi::SEND_HEADER + abi::SGE_BYTES) as u32).expect("send ring");
     let rq = RingLayout::new(2, 64).expect("receive ring");
     let cq = RingLayout::new(slots, abi::CQE_BYTES as u32).expect("completion ring");
     let at = [
@@ -208,7 +210,7 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         inline: &[],
     };
     let (mut posted, mut completed) = (0u64, 0u64);
-    let mut slot = [0u8; 128];
+    let mut slot = [0u8; abi::SEND_HEADER + abi::SGE_BYTES];
     let mut c = [0u8; abi::CQE_BYTES];
     let t = std::time::Instant::now();
     while completed < a.count {

@@ -22,7 +22,7 @@ use transport::device::{Claim, Device, DeviceError};
 use transport::qp::{QpAttr, QpState};
 use transport::rc::PostError;
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WrError};
-use verbs::abi::{self, Cqe, RecvWqe, SendWqe, WrOpcode, send_flags};
+use verbs::abi::{self, Cqe, RecvWqe, SendView, WrOpcode, send_flags};
 use verbs::ring::{Consumer, Producer};
 
 // The rings' scatter/gather lists fit the transport's.
@@ -159,10 +159,10 @@ fn take_sends(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCount
             Err(_) => return broken(dev, a, c),
         }
         let entry = &slot[..size];
-        let r = match SendWqe::decode(entry) {
+        let r = match SendView::new_checked(entry) {
             Ok(w) => match send_wr(&w) {
                 Some(wr) => {
-                    let inline = (w.flags & send_flags::INLINE != 0).then_some(w.inline);
+                    let inline = (w.flags() & send_flags::INLINE != 0).then(|| w.inline());
                     dev.post_send(a.q.qpn, &wr, inline, now)
                         .map_err(|e| status_of(&e))
                 }
@@ -306,42 +306,51 @@ fn complete(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
 }
 
 /// The transport's work request for a ring entry (None: UD, not yet offered).
-fn send_wr(w: &SendWqe<'_>) -> Option<SendWr> {
-    if w.ud != abi::UdTarget::default() {
+fn send_wr(w: &SendView<'_>) -> Option<SendWr> {
+    if w.ud() != abi::UdTarget::default() {
         return None;
     }
-    let (remote_addr, rkey) = (w.remote_addr, w.rkey);
-    let op = match w.opcode {
+    let (remote_addr, rkey) = (w.remote_addr(), w.rkey());
+    let op = match w.opcode() {
         WrOpcode::Write => SendOp::Write { remote_addr, rkey },
         WrOpcode::WriteWithImm => SendOp::WriteWithImm {
             remote_addr,
             rkey,
-            imm: w.imm,
+            imm: w.imm(),
         },
         WrOpcode::Send => SendOp::Send,
-        WrOpcode::SendWithImm => SendOp::SendWithImm(w.imm),
-        WrOpcode::SendWithInv => SendOp::SendWithInv(w.imm),
+        WrOpcode::SendWithImm => SendOp::SendWithImm(w.imm()),
+        WrOpcode::SendWithInv => SendOp::SendWithInv(w.imm()),
         WrOpcode::Read => SendOp::Read { remote_addr, rkey },
         WrOpcode::CmpSwap => SendOp::CmpSwap {
             remote_addr,
             rkey,
-            compare: w.compare_add,
-            swap: w.swap,
+            compare: w.compare_add(),
+            swap: w.swap(),
         },
         WrOpcode::FetchAdd => SendOp::FetchAdd {
             remote_addr,
             rkey,
-            add: w.compare_add,
+            add: w.compare_add(),
         },
     };
+    let mut sg = SgList::new();
+    for s in w.sges() {
+        sg.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        });
+    }
+    let flags = w.flags();
     Some(SendWr {
-        wr_id: w.wr_id,
+        wr_id: w.wr_id(),
         op,
-        sg: sg_list(&w.sg),
-        signaled: w.flags & send_flags::SIGNALED != 0,
-        solicited: w.flags & send_flags::SOLICITED != 0,
-        fence: w.flags & send_flags::FENCE != 0,
-        inline: w.flags & send_flags::INLINE != 0,
+        sg,
+        signaled: flags & send_flags::SIGNALED != 0,
+        solicited: flags & send_flags::SOLICITED != 0,
+        fence: flags & send_flags::FENCE != 0,
+        inline: flags & send_flags::INLINE != 0,
         ud: None,
     })
 }
