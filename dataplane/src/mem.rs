@@ -13,8 +13,9 @@
 //! for conflicting RDMA accesses as well. The copies run on raw pointers so that no two
 //! `&mut [u8]` to the memory ever coexist.
 //!
-//! Memory comes from DPDK's hugepage heap on lcores ([`crate::dpdk::HugepageHeap`]) or from the
-//! process heap in tests.
+//! Memory comes from DPDK's hugepage heap on lcores ([`crate::dpdk::HugepageHeap`]), from the
+//! process heap in tests, or from an application ([`SharedMem::application`]: its registered
+//! memory, mapped from the sealed memfd it sent, read and written in place).
 
 use crate::transport::mr::{AtomicOp, MrMemory};
 use core::ptr::NonNull;
@@ -33,6 +34,9 @@ pub(crate) enum Origin {
     Dpdk(NonNull<ExtInfo>),
     /// Nothing (an empty block).
     None,
+    /// Memory an application shares with roced (a mapping of the sealed memfd it sent), kept
+    /// mapped while the block lives.
+    App(#[allow(dead_code)] Arc<verbs::shm::SharedMem>),
 }
 
 /// DPDK's shared-info block for mbufs attached to a hugepage block (its reference count counts
@@ -132,7 +136,7 @@ impl Drop for Block {
                     }
                 }
             }
-            Origin::None => {}
+            Origin::None | Origin::App(_) => {}
         }
     }
 }
@@ -172,6 +176,29 @@ impl SharedMem {
                 ptr,
                 len,
                 origin: Origin::Heap(layout),
+            }),
+        })
+    }
+
+    /// `len` bytes at `off` of memory an application shares with roced (the memory it
+    /// registered, mapped from the sealed memfd it sent): every lcore reads and writes it in
+    /// place, as an RNIC does the host's memory, and the mapping stays while a handle does.
+    /// None if the range is outside the mapping.
+    pub fn application(m: Arc<verbs::shm::SharedMem>, off: usize, len: usize) -> Option<Self> {
+        if off.checked_add(len)? > m.len() {
+            return None;
+        }
+        if len == 0 {
+            return Some(Self::empty());
+        }
+        // SAFETY: `off + len <= m.len()` (checked), so the range is inside the mapping, which
+        // the block keeps alive through its Arc.
+        let ptr = NonNull::new(unsafe { m.as_ptr().add(off) })?;
+        Some(SharedMem {
+            block: Arc::new(Block {
+                ptr,
+                len,
+                origin: Origin::App(m),
             }),
         })
     }

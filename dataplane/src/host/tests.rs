@@ -471,3 +471,73 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     assert_eq!(counters.completions, 14, "{counters:?}");
     stop_all([&a, &b], vec![ta, tb]);
 }
+
+#[test]
+fn an_applications_own_memory_is_read_and_written_in_place() {
+    use app_rings::{rings, write};
+    use transport::mr::Access;
+    use verbs::abi::{SendWqe, WrOpcode};
+    use verbs::shm::SharedMem as AppMem;
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    let p = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    // The application's memory, and roced's mapping of the memfd it sent (another mapping of
+    // the same pages, as in another process).
+    const LEN: usize = 64 << 10;
+    const VA: u64 = 0x7f00_0000_0000;
+    let mine = AppMem::create("ferroce-app-memory", LEN).unwrap();
+    let theirs = Arc::new(AppMem::map(mine.fd().try_clone_to_owned().unwrap(), LEN).unwrap());
+    let pattern: Vec<u8> = (0..LEN as u32).map(|i| (i * 31 + 7) as u8).collect();
+    // SAFETY: the application's own mapping, LEN bytes; nothing else touches it yet.
+    unsafe { core::ptr::copy_nonoverlapping(pattern.as_ptr(), mine.as_ptr(), LEN) };
+    let key = 0x00ab_c000;
+    let pd = ask(&a, move |h, _| {
+        h.dev.query(p.qpa, Instant::ZERO).map(|q| q.pd)
+    })
+    .unwrap()
+    .unwrap();
+    ask(&a, move |h, _| {
+        let mem = crate::mem::SharedMem::application(theirs, 0, LEN).unwrap();
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        h.dev.reg_shared(key, pd, VA, all, Box::new(mem))
+    })
+    .unwrap()
+    .unwrap();
+    let (mut app, q) = rings(p.qpa);
+    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q))
+        .unwrap()
+        .unwrap();
+
+    // A WRITE straight from the application's memory...
+    let mut w = write(1, key, p.kb, 0, 16 << 10);
+    w.sg[0].addr = VA;
+    app.post(&w);
+    assert_eq!(app.completion().status, 0);
+    let kb = p.kb;
+    let got = ask(&b, move |h, _| h.dev.read_mr(kb, PAIR_VA, 16 << 10))
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got[..], &pattern[..16 << 10]);
+    // ...and a READ landing in it, seen through the application's own mapping.
+    let theirs_bytes: Vec<u8> = (0..4096u32).map(|i| (i ^ 0x5a) as u8).collect();
+    let tb_bytes = theirs_bytes.clone();
+    ask(&b, move |h, _| {
+        h.dev.write_mr(kb, PAIR_VA + 0x8000, &tb_bytes)
+    })
+    .unwrap()
+    .unwrap();
+    let mut r = SendWqe {
+        opcode: WrOpcode::Read,
+        ..write(2, key, p.kb, 0x8000, 4096)
+    };
+    r.sg[0].addr = VA + 0x4000;
+    app.post(&r);
+    let c = app.completion();
+    assert_eq!((c.wr_id, c.status, c.opcode), (2, 0, 2));
+    let mut seen = vec![0u8; 4096];
+    // SAFETY: the application's mapping, read after the completion said the READ landed.
+    unsafe { core::ptr::copy_nonoverlapping(mine.as_ptr().add(0x4000), seen.as_mut_ptr(), 4096) };
+    assert_eq!(seen, theirs_bytes);
+    stop_all([&a, &b], vec![ta, tb]);
+}
