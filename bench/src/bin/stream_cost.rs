@@ -184,12 +184,25 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         qpn: pair.qpa,
         sq: Consumer::new(mem.clone(), at[0], sq).expect("ring"),
         rq: Consumer::new(mem.clone(), at[1], rq).expect("ring"),
-        scq: Producer::new(mem.clone(), at[2], cq).expect("ring"),
-        rcq: Producer::new(mem, at[3], cq).expect("ring"),
+        send_cq: 0,
+        recv_cq: 0,
     };
-    two.call(0, move |h, _| h.apps.attach(&mut h.dev, q))
-        .expect("the worker answers")
-        .expect("attach");
+    let scq = Producer::new(mem.clone(), at[2], cq).expect("ring");
+    let rcq = Producer::new(mem, at[3], cq).expect("ring");
+    two.call(0, move |h, _| {
+        let send_cq = h.apps.add_cq(scq);
+        let recv_cq = h.apps.add_cq(rcq);
+        h.apps.attach(
+            &mut h.dev,
+            AppQueues {
+                send_cq,
+                recv_cq,
+                ..q
+            },
+        )
+    })
+    .expect("the worker answers")
+    .expect("attach");
     let mut sg = arrayvec::ArrayVec::new();
     sg.push(abi::Sge {
         addr: PAIR_VA,

@@ -43,10 +43,24 @@ pub struct AppQueues {
     pub sq: Consumer,
     /// Receive work queue entries, from the application.
     pub rq: Consumer,
-    /// Send completions, to the application.
-    pub scq: Producer,
-    /// Receive completions, to the application.
-    pub rcq: Producer,
+    /// The completion ring its send completions go to ([`Apps::add_cq`]).
+    pub send_cq: u32,
+    /// The completion ring its receive completions go to (may be the same).
+    pub recv_cq: u32,
+}
+
+/// Why rings were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// No completion ring of that number on this lcore.
+    #[error("no completion ring {0} on this lcore")]
+    NoCq(u32),
+    /// QPs still complete into the ring.
+    #[error("QPs still complete into ring {0}")]
+    CqInUse(u32),
+    /// The device refused.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
 }
 
 /// What the application queues of a shard did.
@@ -71,10 +85,14 @@ struct AppQp {
     broken: bool,
 }
 
-/// The shard's application QPs.
+/// The shard's application QPs and the completion rings they complete into. A CQ's ring has one
+/// producer, this lcore: every QP completing into it lives here (as the node places QPs on
+/// the lcore of their CQs).
 #[derive(Debug)]
 pub struct Apps {
     qps: Vec<AppQp>,
+    /// Completion rings by number (None: a freed number).
+    cqs: Vec<Option<Producer>>,
     /// A private copy of the slot being decoded.
     slot: Box<[u8; MAX_SLOT]>,
     /// What they did.
@@ -85,6 +103,7 @@ impl Default for Apps {
     fn default() -> Self {
         Apps {
             qps: Vec::new(),
+            cqs: Vec::new(),
             slot: Box::new([0; MAX_SLOT]),
             counters: AppCounters::default(),
         }
@@ -92,8 +111,43 @@ impl Default for Apps {
 }
 
 impl Apps {
-    /// Drives QP `q.qpn` of `dev` from these rings from now on (its completions go to them).
-    pub fn attach(&mut self, dev: &mut Device, q: AppQueues) -> Result<(), DeviceError> {
+    /// Takes a completion ring the application reads; its number for [`AppQueues`].
+    pub fn add_cq(&mut self, ring: Producer) -> u32 {
+        match self.cqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.cqs[i] = Some(ring);
+                i as u32
+            }
+            None => {
+                self.cqs.push(Some(ring));
+                self.cqs.len() as u32 - 1
+            }
+        }
+    }
+
+    /// Gives completion ring `cq` back, refused while a QP completes into it.
+    pub fn remove_cq(&mut self, cq: u32) -> Result<Producer, AppError> {
+        if self
+            .qps
+            .iter()
+            .any(|a| a.q.send_cq == cq || a.q.recv_cq == cq)
+        {
+            return Err(AppError::CqInUse(cq));
+        }
+        self.cqs
+            .get_mut(cq as usize)
+            .and_then(Option::take)
+            .ok_or(AppError::NoCq(cq))
+    }
+
+    /// Drives QP `q.qpn` of `dev` from these rings from now on (its completions go to its
+    /// completion rings).
+    pub fn attach(&mut self, dev: &mut Device, q: AppQueues) -> Result<(), AppError> {
+        for cq in [q.send_cq, q.recv_cq] {
+            if !matches!(self.cqs.get(cq as usize), Some(Some(_))) {
+                return Err(AppError::NoCq(cq));
+            }
+        }
         dev.claim_qp(
             q.qpn,
             Claim {
@@ -123,9 +177,12 @@ impl Apps {
     }
 
     /// Takes what the rings hold, posts it, and writes what completed (see the module doc).
+    // Not inlined into the loop's poll: a shard without application QPs never calls it.
+    #[inline(never)]
     pub fn poll(&mut self, dev: &mut Device, now: Instant) {
         let slot = &mut self.slot[..];
         let c = &mut self.counters;
+        let cqs = &mut self.cqs[..];
         let mut gone = false;
         for a in &mut self.qps {
             if dev.index(a.q.qpn).is_none() {
@@ -135,14 +192,14 @@ impl Apps {
             }
             if a.broken {
                 // Its completions (the flushes) still reach the application.
-                complete(dev, a, c);
+                complete(dev, a, cqs, c);
                 continue;
             }
-            take_sends(dev, a, slot, c, now);
+            take_sends(dev, a, slot, cqs, c, now);
             if !a.broken {
-                take_recvs(dev, a, slot, c);
+                take_recvs(dev, a, slot, cqs, c);
             }
-            complete(dev, a, c);
+            complete(dev, a, cqs, c);
         }
         if gone {
             self.qps.retain(|a| dev.index(a.q.qpn).is_some());
@@ -150,7 +207,14 @@ impl Apps {
     }
 }
 
-fn take_sends(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCounters, now: Instant) {
+fn take_sends(
+    dev: &mut Device,
+    a: &mut AppQp,
+    slot: &mut [u8],
+    cqs: &mut [Option<Producer>],
+    c: &mut AppCounters,
+    now: Instant,
+) {
     let size = a.q.sq.layout().slot_size as usize;
     for _ in 0..ENTRIES_PER_POLL {
         match a.q.sq.pop(&mut slot[..size]) {
@@ -176,17 +240,23 @@ fn take_sends(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCount
             // Posted to a QP in ERR: flushed, as verbs completes such work (IBTA 10.7.1.x),
             // and the QP stays as it is.
             Err(_) if in_err(dev, a.q.qpn) => {
-                flushed(dev, a, c, entry_id(entry), entry_opcode(entry));
+                flushed(dev, a, cqs, c, entry_id(entry), entry_opcode(entry));
             }
             Err(status) => {
                 let opcode = entry_opcode(entry);
-                return refuse(dev, a, c, entry_id(entry), status, opcode, true);
+                return refuse(dev, a, cqs, c, entry_id(entry), status, opcode, true);
             }
         }
     }
 }
 
-fn take_recvs(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCounters) {
+fn take_recvs(
+    dev: &mut Device,
+    a: &mut AppQp,
+    slot: &mut [u8],
+    cqs: &mut [Option<Producer>],
+    c: &mut AppCounters,
+) {
     let size = a.q.rq.layout().slot_size as usize;
     for _ in 0..ENTRIES_PER_POLL {
         match a.q.rq.pop(&mut slot[..size]) {
@@ -204,7 +274,16 @@ fn take_recvs(dev: &mut Device, a: &mut AppQp, slot: &mut [u8], c: &mut AppCount
         match r {
             Ok(()) => c.recvs += 1,
             Err(status) => {
-                return refuse(dev, a, c, entry_id(entry), status, WcOpcode::Recv, false);
+                return refuse(
+                    dev,
+                    a,
+                    cqs,
+                    c,
+                    entry_id(entry),
+                    status,
+                    WcOpcode::Recv,
+                    false,
+                );
             }
         }
     }
@@ -229,9 +308,11 @@ fn entry_opcode(entry: &[u8]) -> WcOpcode {
 
 /// An entry the QP cannot take: what completed before it reaches the application first, then
 /// the entry's error completion; the QP goes to ERR (its other work completes flushed).
+#[allow(clippy::too_many_arguments)]
 fn refuse(
     dev: &mut Device,
     a: &mut AppQp,
+    cqs: &mut [Option<Producer>],
     c: &mut AppCounters,
     wr_id: u64,
     status: WcStatus,
@@ -239,7 +320,7 @@ fn refuse(
     send: bool,
 ) {
     c.refused += 1;
-    complete(dev, a, c);
+    complete(dev, a, cqs, c);
     let wc = WorkCompletion {
         wr_id,
         status,
@@ -250,8 +331,8 @@ fn refuse(
         qp_num: a.q.qpn,
         src_qp: None,
     };
-    let ring = if send { &mut a.q.scq } else { &mut a.q.rcq };
-    if matches!(ring.push(&cqe(&wc).encode()), Ok(true)) {
+    let cq = if send { a.q.send_cq } else { a.q.recv_cq };
+    if push(cqs, cq, &wc) {
         c.completions += 1;
     }
     to_err(dev, a.q.qpn);
@@ -262,8 +343,15 @@ fn in_err(dev: &Device, qpn: u32) -> bool {
 }
 
 /// A send entry for a QP in ERR completes flushed, after what completed before it.
-fn flushed(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters, wr_id: u64, opcode: WcOpcode) {
-    complete(dev, a, c);
+fn flushed(
+    dev: &mut Device,
+    a: &mut AppQp,
+    cqs: &mut [Option<Producer>],
+    c: &mut AppCounters,
+    wr_id: u64,
+    opcode: WcOpcode,
+) {
+    complete(dev, a, cqs, c);
     let wc = WorkCompletion {
         wr_id,
         status: WcStatus::WrFlushErr,
@@ -274,7 +362,7 @@ fn flushed(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters, wr_id: u64, opc
         qp_num: a.q.qpn,
         src_qp: None,
     };
-    if matches!(a.q.scq.push(&cqe(&wc).encode()), Ok(true)) {
+    if push(cqs, a.q.send_cq, &wc) {
         c.completions += 1;
     }
 }
@@ -293,13 +381,19 @@ fn to_err(dev: &mut Device, qpn: u32) {
     let _ = dev.modify(qpn, &err, 0);
 }
 
-/// Moves the QP's completions into the application's rings while they have room.
-fn complete(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
-    for (send, ring) in [(true, &mut a.q.scq), (false, &mut a.q.rcq)] {
+/// Writes `wc` into completion ring `cq`; false if it is full (or gone, or broken).
+fn push(cqs: &mut [Option<Producer>], cq: u32, wc: &WorkCompletion) -> bool {
+    match cqs.get_mut(cq as usize) {
+        Some(Some(ring)) => matches!(ring.push(&cqe(wc).encode()), Ok(true)),
+        _ => false,
+    }
+}
+
+/// Moves the QP's completions into its completion rings while they have room.
+fn complete(dev: &mut Device, a: &mut AppQp, cqs: &mut [Option<Producer>], c: &mut AppCounters) {
+    for (send, cq) in [(true, a.q.send_cq), (false, a.q.recv_cq)] {
         let n = dev
-            .take_completions(a.q.qpn, send, |wc| {
-                matches!(ring.push(&cqe(wc).encode()), Ok(true))
-            })
+            .take_completions(a.q.qpn, send, |wc| push(cqs, cq, wc))
             .unwrap_or(0);
         c.completions += n as u64;
     }

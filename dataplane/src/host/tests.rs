@@ -307,8 +307,28 @@ mod app_rings {
         pub mem: Arc<SharedMem>,
     }
 
-    /// Rings for QP `qpn`: the application's ends and the lcore's.
-    pub(super) fn rings(qpn: u32) -> (App, AppQueues) {
+    /// Rings for QP `qpn` of `host`: the application's ends, and the lcore's attached (one
+    /// completion ring for both of its queues, as a QP created with one CQ has).
+    pub(super) fn attach(host: &HostControl, qpn: u32) -> App {
+        let (app, q, cq) = rings(qpn);
+        ask(host, move |h, _| {
+            let n = h.apps.add_cq(cq);
+            h.apps.attach(
+                &mut h.dev,
+                AppQueues {
+                    send_cq: n,
+                    recv_cq: n,
+                    ..q
+                },
+            )
+        })
+        .unwrap()
+        .unwrap();
+        app
+    }
+
+    /// Rings for QP `qpn`: the application's ends, the lcore's queues and its completion ring.
+    pub(super) fn rings(qpn: u32) -> (App, AppQueues, Producer) {
         let sq = RingLayout::new(16, 128).unwrap();
         let rq = RingLayout::new(16, 64).unwrap();
         let cq = RingLayout::new(64, 32).unwrap();
@@ -328,10 +348,10 @@ mod app_rings {
             qpn,
             sq: Consumer::new(mem.clone(), at[0], sq).unwrap(),
             rq: Consumer::new(mem.clone(), at[1], rq).unwrap(),
-            scq: Producer::new(mem.clone(), at[2], cq).unwrap(),
-            rcq: Producer::new(mem, at[3], cq).unwrap(),
+            send_cq: 0,
+            recv_cq: 0,
         };
-        (app, lcore)
+        (app, lcore, Producer::new(mem, at[2], cq).unwrap())
     }
 
     pub(super) fn write(id: u64, lkey: u32, rkey: u32, off: u64, len: u32) -> SendWqe<'static> {
@@ -380,21 +400,15 @@ mod app_rings {
 
 #[test]
 fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
-    use app_rings::{rings, write};
+    use app_rings::{attach, write};
     use verbs::abi::{SendWqe, WrOpcode, send_flags};
     let (qa, qb) = link(info(1), info(2), 8192);
     let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
     let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
     let one = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
     let two = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
-    let (mut app1, q1) = rings(one.qpa);
-    let (mut app2, q2) = rings(two.qpa);
-    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q1))
-        .unwrap()
-        .unwrap();
-    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q2))
-        .unwrap()
-        .unwrap();
+    let mut app1 = attach(&a, one.qpa);
+    let mut app2 = attach(&a, two.qpa);
     let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
     let p = pattern.clone();
     let ka = one.ka;
@@ -464,6 +478,9 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     assert_eq!(got, pattern);
     let counters = ask(&a, |h, _| h.apps.counters).unwrap();
     assert_eq!(counters.broken_rings, 1, "{counters:?}");
+    // A completion ring is not taken back while a QP completes into it.
+    let r = ask(&a, |h, _| h.apps.remove_cq(0).map(|_| ())).unwrap();
+    assert!(matches!(r, Err(AppError::CqInUse(0))), "{r:?}");
     assert_eq!(counters.refused, 1, "{counters:?}");
     // Posted: two WRITEs on the first QP, ten on the second; the refused entry and the one
     // flushed behind it are not.
@@ -474,7 +491,7 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
 
 #[test]
 fn an_applications_own_memory_is_read_and_written_in_place() {
-    use app_rings::{rings, write};
+    use app_rings::{attach, write};
     use transport::mr::Access;
     use verbs::abi::{SendWqe, WrOpcode};
     use verbs::shm::SharedMem as AppMem;
@@ -504,10 +521,7 @@ fn an_applications_own_memory_is_read_and_written_in_place() {
     })
     .unwrap()
     .unwrap();
-    let (mut app, q) = rings(p.qpa);
-    ask(&a, move |h, _| h.apps.attach(&mut h.dev, q))
-        .unwrap()
-        .unwrap();
+    let mut app = attach(&a, p.qpa);
 
     // A WRITE straight from the application's memory...
     let mut w = write(1, key, p.kb, 0, 16 << 10);
