@@ -384,7 +384,7 @@ fn to_err(dev: &mut Device, qpn: u32) {
 /// Writes `wc` into completion ring `cq`; false if it is full (or gone, or broken).
 fn push(cqs: &mut [Option<Producer>], cq: u32, wc: &WorkCompletion) -> bool {
     match cqs.get_mut(cq as usize) {
-        Some(Some(ring)) => matches!(ring.push(&cqe(wc).encode()), Ok(true)),
+        Some(Some(ring)) => matches!(ring.push_array(&cqe(wc).encode()), Ok(true)),
         _ => false,
     }
 }
