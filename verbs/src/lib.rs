@@ -7,6 +7,8 @@
 //!   receive queues (the application produces, the lcore consumes) and of a CQ (the lcore
 //!   produces, the application consumes). Neither side trusts the other's index: a consumer that
 //!   sees more entries than the ring holds reports the ring corrupt instead of reading past it.
+//! - [`attach`]: the attach socket's framing: control verbs as length-prefixed JSON messages
+//!   over a Unix stream socket, shared memory's descriptors passed with them (SCM_RIGHTS).
 //! - [`abi`]: the entries, work queue entries and completion queue entries, as fixed little-endian
 //!   byte layouts: decoded from a private copy, so an application rewriting a slot while the
 //!   lcore reads it changes nothing but its own request, and refused field by field.
@@ -16,5 +18,6 @@
 //! accesses to memory another process writes (`ring.rs`), each block with its reason.
 
 pub mod abi;
+pub mod attach;
 pub mod ring;
 pub mod shm;
