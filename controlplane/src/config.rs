@@ -124,6 +124,35 @@ impl Default for DataplaneSection {
     }
 }
 
+/// `[attach]`: the Unix socket applications attach to (issue 21).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttachSection {
+    /// Its path; empty: `/run/ferroce/<eal.file_prefix or "ferroce">.sock`, so that nodes on
+    /// one machine (each with its own prefix) each have their own; "off" for none.
+    pub socket: String,
+    /// Its permission bits (octal, as chmod takes them): 0600 by default, root only.
+    pub mode: u32,
+}
+
+impl Default for AttachSection {
+    fn default() -> Self {
+        AttachSection {
+            socket: String::new(),
+            mode: 0o600,
+        }
+    }
+}
+
+/// Where applications attach, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachPlan {
+    /// The socket's path.
+    pub path: std::path::PathBuf,
+    /// Its permission bits.
+    pub mode: u32,
+}
+
 /// `[api]`
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -195,6 +224,8 @@ pub struct Config {
     pub routes: Vec<RouteSection>,
     /// `[api]`
     pub api: ApiSection,
+    /// `[attach]`
+    pub attach: AttachSection,
 }
 
 /// One port, checked.
@@ -248,6 +279,8 @@ pub struct Plan {
     pub descriptors: u16,
     /// Where the REST API listens, if anywhere.
     pub api: Option<std::net::SocketAddr>,
+    /// Where applications attach, if anywhere.
+    pub attach: Option<AttachPlan>,
     /// The bearer token the API requires, if any.
     pub api_token: Option<String>,
     /// Idle workers sleep this long (None: they spin).
@@ -561,7 +594,32 @@ impl Config {
                 )
             })?),
         };
+        if self.attach.mode & !0o777 != 0 {
+            return Err(field(
+                "attach.mode",
+                format!(
+                    "{:o} is not permission bits like 0600 (at most 0777)",
+                    self.attach.mode
+                ),
+            ));
+        }
+        let attach = match self.attach.socket.as_str() {
+            "off" => None,
+            "" => Some(AttachPlan {
+                path: format!(
+                    "/run/ferroce/{}.sock",
+                    e.file_prefix.as_deref().unwrap_or("ferroce")
+                )
+                .into(),
+                mode: self.attach.mode,
+            }),
+            s => Some(AttachPlan {
+                path: s.into(),
+                mode: self.attach.mode,
+            }),
+        };
         Ok(Plan {
+            attach,
             eal,
             ports,
             net,

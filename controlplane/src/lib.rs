@@ -6,6 +6,7 @@
 //! SIGTERM.
 
 pub mod api;
+pub mod attach;
 pub mod config;
 pub mod metrics;
 pub mod node;

@@ -230,6 +230,7 @@ pub fn run(
                 },
                 plan.idle_sleep,
                 &clients,
+                plan.attach.as_ref(),
             )
         }
         Mode::Macswap => {
@@ -247,6 +248,7 @@ pub fn run(
                 |_, _| None,
                 plan.idle_sleep,
                 &clients,
+                None,
             )
         }
     }?;
@@ -462,6 +464,7 @@ fn run_workers<Q, H>(
     serve: impl FnOnce(&[Sender<Command<H::Command>>], &[Arc<LcoreCounters>]) -> Serve,
     idle_sleep: Option<Duration>,
     memif_clients: &[(bool, bool)],
+    attach: Option<&crate::config::AttachPlan>,
 ) -> Result<serde_json::Value, RunError>
 where
     Q: PortQueue + Send + 'static,
@@ -517,6 +520,17 @@ where
         }
     }
     let api = api.map(|(s, _)| s);
+    // Applications attach beside the API, to the same node state.
+    let mut attach_server = None;
+    if let (Some(state), Some(plan)) = (&api, attach) {
+        match crate::attach::AttachServer::start(state.clone(), &plan.path, plan.mode) {
+            Ok(s) => {
+                tracing::info!(socket = %plan.path.display(), "applications attach at {}", plan.path.display());
+                attach_server = Some(s);
+            }
+            Err(e) => tracing::error!(socket = %plan.path.display(), "attach socket: {e}"),
+        }
+    }
     let mut next_ports_refresh = Instant::now();
     let started = Instant::now();
     let mut links: Vec<bool> = vec![false; ports.len()];
@@ -595,6 +609,11 @@ where
         } else {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+    // Attached applications go first: their sessions destroy what they made while the lcores
+    // still answer.
+    if let Some(s) = attach_server {
+        s.stop();
     }
     // The API stops first, so nothing is asked of lcores that are stopping. Its graceful
     // stop waits for the requests under way: running tests end now (their QPs to ERR, their

@@ -9,6 +9,9 @@
 //!   sees more entries than the ring holds reports the ring corrupt instead of reading past it.
 //! - [`attach`]: the attach socket's framing: control verbs as length-prefixed JSON messages
 //!   over a Unix stream socket, shared memory's descriptors passed with them (SCM_RIGHTS).
+//! - [`proto`]: the control verbs on that socket and roced's replies.
+//! - [`client`]: the client library: attach, PDs, regions of the application's memory, CQs,
+//!   QPs, posting and polling through the rings.
 //! - [`abi`]: the entries, work queue entries and completion queue entries, as fixed little-endian
 //!   byte layouts: decoded from a private copy, so an application rewriting a slot while the
 //!   lcore reads it changes nothing but its own request, and refused field by field.
@@ -19,5 +22,7 @@
 
 pub mod abi;
 pub mod attach;
+pub mod client;
+pub mod proto;
 pub mod ring;
 pub mod shm;

@@ -28,6 +28,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long the control plane waits for an lcore's answer.
+mod apps;
 mod objects;
 mod qp;
 mod work;

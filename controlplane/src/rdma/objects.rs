@@ -218,6 +218,18 @@ impl Rdma {
             )
         })?;
         let va = addr.unwrap_or(mem.addr());
+        self.register(pd, va, length, mem, access)
+    }
+
+    /// Registers `mem` (`length` bytes) at `va` in `pd` with `access`, on every lcore.
+    pub(super) fn register(
+        &self,
+        pd: PdHandle,
+        va: u64,
+        length: usize,
+        mem: SharedMem,
+        access: Access,
+    ) -> Result<MrInfo, RdmaError> {
         let mut mrs = self.mrs.lock().expect("mr table");
         let key = mrs
             .table

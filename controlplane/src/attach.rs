@@ -1,0 +1,543 @@
+//! The attach socket: where local applications attach to roced and use it as their RDMA device
+//! (issue 21).
+//!
+//! Each connection is a session on a thread of its own: control verbs come in as messages
+//! ([`verbs::proto::Request`]), each answered by one [`verbs::proto::Reply`], with shared memory
+//! passed as descriptors both ways: an application's memory to register (a sealed memfd), and
+//! the rings roced makes for its CQs and QPs. A session owns what it creates: it may name only
+//! its own PDs, CQs and QPs, and when the application closes the socket (or dies) everything it
+//! created goes, QPs first (flushed), then completion rings, regions and PDs.
+
+use crate::rdma::{Rdma, RdmaError, parse_gid};
+use crate::state::ApiState;
+use dataplane::cc::{CcKind, DcqcnParams};
+use dataplane::host::AppQueues;
+use dataplane::transport::mr::Access;
+use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
+use dataplane::transport::rc::QpCaps;
+use rustix::fd::{AsFd, OwnedFd};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use verbs::abi::{CQE_BYTES, RECV_HEADER, SEND_HEADER, SGE_BYTES};
+use verbs::attach::{AttachError, recv, send};
+use verbs::proto::{ModifyMsg, Reply, Request, RingPlace, VERSION};
+use verbs::ring::{Consumer, HEADER, Producer, RingLayout};
+use verbs::shm::SharedMem;
+
+/// The live sessions: a handle on each one's socket (to end it) and its thread.
+type Sessions = Arc<Mutex<Vec<(UnixStream, std::thread::JoinHandle<()>)>>>;
+
+/// The running attach socket; [`AttachServer::stop`] ends it and its sessions.
+#[derive(Debug)]
+pub struct AttachServer {
+    path: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    sessions: Sessions,
+}
+
+impl AttachServer {
+    /// Listens at `path` with permission bits `mode`. A socket file left by a roced that is
+    /// gone is replaced; one a live roced answers on is not.
+    pub fn start(
+        state: Arc<ApiState>,
+        path: &std::path::Path,
+        mode: u32,
+    ) -> std::io::Result<AttachServer> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("{} is another live roced's attach socket", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sessions: Sessions = Arc::default();
+        let thread = std::thread::Builder::new()
+            .name("roced-attach".into())
+            .spawn({
+                let (stop, sessions) = (stop.clone(), sessions.clone());
+                move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        match listener.accept() {
+                            Ok((s, _)) => {
+                                let _ = s.set_nonblocking(false);
+                                let Ok(mine) = s.try_clone() else { continue };
+                                let st = state.clone();
+                                match std::thread::Builder::new()
+                                    .name("roced-session".into())
+                                    .spawn(move || session(&st.rdma, s))
+                                {
+                                    Ok(t) => sessions.lock().expect("sessions").push((mine, t)),
+                                    Err(e) => {
+                                        tracing::error!("attach: no thread for a session: {e}")
+                                    }
+                                }
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Err(e) => {
+                                tracing::error!("attach socket: {e}");
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                        }
+                        // Sessions that ended.
+                        let mut s = sessions.lock().expect("sessions");
+                        let (done, live): (Vec<_>, Vec<_>) =
+                            s.drain(..).partition(|(_, t)| t.is_finished());
+                        *s = live;
+                        for (_, t) in done {
+                            let _ = t.join();
+                        }
+                    }
+                }
+            })?;
+        Ok(AttachServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+            sessions,
+        })
+    }
+
+    /// Stops listening, ends every session (each destroys what its application created) and
+    /// removes the socket file.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let sessions: Vec<_> = self.sessions.lock().expect("sessions").drain(..).collect();
+        for (s, t) in sessions {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What one application created.
+#[derive(Debug, Default)]
+struct Session {
+    pid: u32,
+    command: String,
+    pds: Vec<u32>,
+    mrs: Vec<u32>,
+    /// Its CQs by their number in the session: (lcore, ring number there).
+    cqs: BTreeMap<u32, (usize, u32)>,
+    next_cq: u32,
+    qps: Vec<u32>,
+}
+
+fn session(rdma: &Rdma, sock: UnixStream) {
+    let mut s = Session::default();
+    loop {
+        let (req, fds) = match recv::<Request>(&sock) {
+            Ok(m) => m,
+            Err(AttachError::Closed) | Err(AttachError::Io(_)) => break,
+            Err(e) => {
+                // Bad bytes end the session: the stream cannot be trusted past them.
+                let _ = send(&sock, &refusal("malformed", e.to_string()), &[]);
+                break;
+            }
+        };
+        let (reply, out) = s.handle(rdma, req, fds);
+        let borrowed: Vec<_> = out.iter().map(|f| f.as_fd()).collect();
+        if send(&sock, &reply, &borrowed).is_err() {
+            break;
+        }
+    }
+    s.end(rdma);
+}
+
+fn refusal(code: &str, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code: code.into(),
+        message: message.into(),
+    }
+}
+
+fn from_rdma(e: RdmaError) -> Reply {
+    refusal(e.code, e.message)
+}
+
+/// `IBV_ACCESS_*` bits as the transport's access.
+fn access_of(bits: u32) -> Result<Access, Reply> {
+    if bits & !0xf != 0 {
+        return Err(refusal(
+            "bad_access",
+            format!("unknown access bits {bits:#x}"),
+        ));
+    }
+    let mut a = Access::NONE;
+    for (bit, f) in [
+        (1, Access::LOCAL_WRITE),
+        (2, Access::REMOTE_WRITE),
+        (4, Access::REMOTE_READ),
+        (8, Access::REMOTE_ATOMIC),
+    ] {
+        if bits & bit != 0 {
+            a = a.union(f);
+        }
+    }
+    Ok(a)
+}
+
+/// A ring layout for `entries` entries of `slot` bytes (rounded up as the rings need).
+fn layout(entries: u32, slot: usize) -> Result<RingLayout, Reply> {
+    let slots = entries
+        .max(2)
+        .checked_next_power_of_two()
+        .unwrap_or(u32::MAX);
+    RingLayout::new(slots, slot.next_multiple_of(8) as u32)
+        .map_err(|e| refusal("bad_caps", e.to_string()))
+}
+
+impl Session {
+    fn owns_pd(&self, pd: u32) -> Result<(), Reply> {
+        if self.pds.contains(&pd) {
+            Ok(())
+        } else {
+            Err(refusal("not_found", format!("no PD {pd}")))
+        }
+    }
+
+    fn owns_qp(&self, qpn: u32) -> Result<(), Reply> {
+        if self.qps.contains(&qpn) {
+            Ok(())
+        } else {
+            Err(refusal("not_found", format!("no QP {qpn}")))
+        }
+    }
+
+    fn handle(&mut self, rdma: &Rdma, req: Request, fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
+        if self.pid == 0 && !matches!(req, Request::Hello { .. }) {
+            return (refusal("hello_first", "say Hello first"), Vec::new());
+        }
+        match self.verb(rdma, req, fds) {
+            Ok(r) => r,
+            Err(r) => (r, Vec::new()),
+        }
+    }
+
+    fn verb(
+        &mut self,
+        rdma: &Rdma,
+        req: Request,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<(Reply, Vec<OwnedFd>), Reply> {
+        let done = |r: Reply| Ok((r, Vec::new()));
+        match req {
+            Request::Hello {
+                version,
+                pid,
+                command,
+            } => {
+                if version != VERSION {
+                    return Err(refusal(
+                        "bad_version",
+                        format!("this roced speaks attach protocol {VERSION}, not {version}"),
+                    ));
+                }
+                self.pid = pid.max(1);
+                self.command = command;
+                tracing::info!(pid, command = %self.command, "application attached");
+                done(Reply::Welcome {
+                    device: "ferroce0".into(),
+                    gids: rdma.gids(0).iter().map(|g| g.to_string()).collect(),
+                })
+            }
+            Request::AllocPd => {
+                let pd = rdma.alloc_pd().map_err(from_rdma)?;
+                self.pds.push(pd.pdn);
+                done(Reply::Pd { pd: pd.pdn })
+            }
+            Request::DeallocPd { pd } => {
+                self.owns_pd(pd)?;
+                rdma.dealloc_pd(pd).map_err(from_rdma)?;
+                self.pds.retain(|&p| p != pd);
+                done(Reply::Done)
+            }
+            Request::RegMr {
+                pd,
+                addr,
+                length,
+                access,
+            } => {
+                self.owns_pd(pd)?;
+                let access = access_of(access)?;
+                let Some(fd) = fds.pop() else {
+                    return Err(refusal("no_memory", "RegMr comes with the memory's memfd"));
+                };
+                let m =
+                    SharedMem::map(fd, length).map_err(|e| refusal("bad_memory", e.to_string()))?;
+                let mem = dataplane::mem::SharedMem::application(Arc::new(m), 0, length)
+                    .ok_or_else(|| refusal("bad_memory", "the range is outside the memory"))?;
+                let mr = rdma.reg_app_mr(mem, addr, access, pd).map_err(from_rdma)?;
+                self.mrs.push(mr.lkey);
+                done(Reply::Mr {
+                    lkey: mr.lkey,
+                    rkey: mr.rkey,
+                })
+            }
+            Request::DeregMr { lkey } => {
+                if !self.mrs.contains(&lkey) {
+                    return Err(refusal("not_found", format!("no memory region {lkey:#x}")));
+                }
+                rdma.dereg_mr(lkey).map_err(from_rdma)?;
+                self.mrs.retain(|&k| k != lkey);
+                done(Reply::Done)
+            }
+            Request::CreateCq { cqe } => {
+                let l = layout(cqe, CQE_BYTES)?;
+                let mem = Arc::new(
+                    SharedMem::create("ferroce-cq", l.bytes())
+                        .map_err(|e| refusal("no_memory", e.to_string()))?,
+                );
+                let ring = Producer::new(mem.clone(), 0, l)
+                    .map_err(|e| refusal("internal", e.to_string()))?;
+                let (lcore, n) = rdma.add_app_cq(None, ring).map_err(from_rdma)?;
+                let cq = self.next_cq;
+                self.next_cq += 1;
+                self.cqs.insert(cq, (lcore, n));
+                let fd = mem
+                    .fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| refusal("internal", e.to_string()))?;
+                Ok((
+                    Reply::Cq {
+                        cq,
+                        bytes: l.bytes(),
+                        ring: RingPlace {
+                            offset: 0,
+                            slots: l.slots,
+                            slot_size: l.slot_size,
+                        },
+                    },
+                    vec![fd],
+                ))
+            }
+            Request::DestroyCq { cq } => {
+                let &(lcore, n) = self
+                    .cqs
+                    .get(&cq)
+                    .ok_or_else(|| refusal("not_found", format!("no CQ {cq}")))?;
+                rdma.remove_app_cq(lcore, n).map_err(from_rdma)?;
+                self.cqs.remove(&cq);
+                done(Reply::Done)
+            }
+            Request::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                caps,
+            } => {
+                self.owns_pd(pd)?;
+                let cq = |c: u32| {
+                    self.cqs
+                        .get(&c)
+                        .copied()
+                        .ok_or_else(|| refusal("not_found", format!("no CQ {c}")))
+                };
+                let ((sl, sn), (rl, rn)) = (cq(send_cq)?, cq(recv_cq)?);
+                if sl != rl {
+                    return Err(refusal(
+                        "bad_cq",
+                        "a QP's send and receive CQs must live on the same lcore",
+                    ));
+                }
+                let sq = layout(
+                    caps.max_send_wr,
+                    SEND_HEADER
+                        + (caps.max_send_sge as usize * SGE_BYTES)
+                            .max(caps.max_inline_data as usize),
+                )?;
+                let rq = layout(
+                    caps.max_recv_wr,
+                    RECV_HEADER + caps.max_recv_sge as usize * SGE_BYTES,
+                )?;
+                let qcaps = QpCaps {
+                    max_send_wr: sq.slots,
+                    max_recv_wr: rq.slots,
+                    max_send_sge: caps.max_send_sge,
+                    max_recv_sge: caps.max_recv_sge,
+                    max_inline_data: caps.max_inline_data,
+                    ..QpCaps::default()
+                };
+                let placement = crate::rdma::QpPlacement {
+                    pd: Some(pd),
+                    cqs: [None; 2],
+                };
+                let (qpn, _, sq_psn) = rdma
+                    .create_qp(
+                        Some(sl),
+                        qcaps,
+                        placement,
+                        CcKind::Dcqcn,
+                        DcqcnParams::nvidia(),
+                    )
+                    .map_err(from_rdma)?;
+                let rq_at = sq.bytes().next_multiple_of(64);
+                let bytes = rq_at + rq.bytes();
+                let rings = (|| {
+                    let mem = Arc::new(
+                        SharedMem::create("ferroce-qp", bytes).map_err(|e| e.to_string())?,
+                    );
+                    let q = AppQueues {
+                        qpn,
+                        sq: Consumer::new(mem.clone(), 0, sq).map_err(|e| e.to_string())?,
+                        rq: Consumer::new(mem.clone(), rq_at, rq).map_err(|e| e.to_string())?,
+                        send_cq: sn,
+                        recv_cq: rn,
+                    };
+                    let fd = mem.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
+                    Ok::<_, String>((q, fd))
+                })();
+                let (q, fd) = match rings {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = rdma.destroy_qp(qpn);
+                        return Err(refusal("no_memory", e));
+                    }
+                };
+                if let Err(e) = rdma.attach_app_qp(q) {
+                    let _ = rdma.destroy_qp(qpn);
+                    return Err(from_rdma(e));
+                }
+                self.qps.push(qpn);
+                Ok((
+                    Reply::Qp {
+                        qpn,
+                        bytes,
+                        sq: RingPlace {
+                            offset: 0,
+                            slots: sq.slots,
+                            slot_size: sq.slot_size,
+                        },
+                        rq: RingPlace {
+                            offset: rq_at,
+                            slots: rq.slots,
+                            slot_size: rq.slot_size,
+                        },
+                        sq_psn,
+                    },
+                    vec![fd],
+                ))
+            }
+            Request::ModifyQp { qpn, attr } => {
+                self.owns_qp(qpn)?;
+                let a = qp_attr(&attr)?;
+                rdma.modify_qp(qpn, &a, 0).map_err(from_rdma)?;
+                done(Reply::Done)
+            }
+            Request::QueryQp { qpn } => {
+                self.owns_qp(qpn)?;
+                let (_, q) = rdma.query_qp(qpn).map_err(from_rdma)?;
+                done(Reply::QpState {
+                    state: q.cfg.state.name().into(),
+                    sq_psn: q.cfg.sq_psn.value(),
+                    rq_psn: q.cfg.rq_psn.value(),
+                })
+            }
+            Request::DestroyQp { qpn } => {
+                self.owns_qp(qpn)?;
+                rdma.destroy_qp(qpn).map_err(from_rdma)?;
+                self.qps.retain(|&q| q != qpn);
+                done(Reply::Done)
+            }
+        }
+    }
+
+    /// The application went away: everything it made goes, QPs first.
+    fn end(self, rdma: &Rdma) {
+        for q in &self.qps {
+            let _ = rdma.destroy_qp(*q);
+        }
+        for (lcore, n) in self.cqs.values() {
+            let _ = rdma.remove_app_cq(*lcore, *n);
+        }
+        for k in &self.mrs {
+            let _ = rdma.dereg_mr(*k);
+        }
+        for p in &self.pds {
+            let _ = rdma.dealloc_pd(*p);
+        }
+        if self.pid != 0 {
+            tracing::info!(
+                pid = self.pid,
+                command = %self.command,
+                qps = self.qps.len(),
+                mrs = self.mrs.len(),
+                cqs = self.cqs.len(),
+                "application detached: its resources are gone"
+            );
+        }
+    }
+}
+
+/// A modify's attributes as the engine's: the state, and what was given.
+fn qp_attr(m: &ModifyMsg) -> Result<QpAttr, Reply> {
+    let state = match m.state.as_str() {
+        "INIT" => QpState::Init,
+        "RTR" => QpState::Rtr,
+        "RTS" => QpState::Rts,
+        "SQD" => QpState::Sqd,
+        "ERR" => QpState::Err,
+        "RESET" => QpState::Reset,
+        s => {
+            return Err(refusal(
+                "bad_attr",
+                format!("state {s:?}: INIT, RTR, RTS, SQD, ERR or RESET"),
+            ));
+        }
+    };
+    let mtu = match m.mtu {
+        Some(b) => Some(Mtu::from_bytes(b).ok_or_else(|| {
+            refusal(
+                "bad_attr",
+                format!("mtu must be 256, 512, 1024, 2048 or 4096, not {b}"),
+            )
+        })?),
+        None => None,
+    };
+    let path = match &m.remote_gid {
+        Some(g) => Some(Path::toward(
+            parse_gid(g).map_err(from_rdma)?,
+            m.dscp.unwrap_or(26),
+        )),
+        None => None,
+    };
+    Ok(QpAttr {
+        state: Some(state),
+        access: m.access.map(access_of).transpose()?,
+        pkey_index: None,
+        path_mtu: mtu,
+        dest_qp: m.dest_qp,
+        rq_psn: m.rq_psn,
+        sq_psn: m.sq_psn,
+        timeout: m.timeout,
+        retry_cnt: m.retry_cnt,
+        rnr_retry: m.rnr_retry,
+        min_rnr_timer: m.min_rnr_timer,
+        max_rd_atomic: m.max_rd_atomic,
+        max_dest_rd_atomic: m.max_dest_rd_atomic,
+        path,
+        qkey: None,
+    })
+}
+
+// The header offset the layouts above assume.
+const _: () = assert!(HEADER.is_multiple_of(64));

@@ -1,0 +1,71 @@
+//! What attached applications ask of the node (issue 21): their memory registered in place,
+//! the completion rings of their CQs and the rings of their QPs handed to the QPs' lcores.
+
+use super::*;
+use dataplane::host::{AppError, AppQueues};
+use verbs::ring::Producer;
+
+impl Rdma {
+    /// Registers memory an application shares (`mem`: its mapping of the memfd it sent) at
+    /// the address it uses, `addr`, in `pd`, on every lcore: the lcores read and write it in
+    /// place.
+    pub fn reg_app_mr(
+        &self,
+        mem: SharedMem,
+        addr: u64,
+        access: Access,
+        pd: u32,
+    ) -> Result<MrInfo, RdmaError> {
+        let pd = PdHandle(self.pd_or_default(Some(pd))?);
+        let length = mem.len();
+        if length == 0 || length > MAX_MR_BYTES {
+            return Err(RdmaError::bad(
+                "bad_length",
+                format!("length must be 1 to {MAX_MR_BYTES} bytes, not {length}"),
+            ));
+        }
+        self.register(pd, addr, length, mem, access)
+    }
+
+    /// Hands a CQ's completion ring to an lcore (`lcore`, or the one with fewest QPs): the
+    /// lcore and the ring's number there.
+    pub fn add_app_cq(
+        &self,
+        lcore: Option<usize>,
+        ring: Producer,
+    ) -> Result<(usize, u32), RdmaError> {
+        let l = {
+            let qps = self.qps.lock().expect("qp table");
+            self.pick_lcore(lcore, &qps)?
+        };
+        let n = self.ask(l, move |h, _| h.apps.add_cq(ring))?;
+        Ok((l, n))
+    }
+
+    /// Takes completion ring `n` back from lcore `lcore` (refused while a QP completes into it).
+    pub fn remove_app_cq(&self, lcore: usize, n: u32) -> Result<(), RdmaError> {
+        if lcore >= self.lcores.len() {
+            return Err(RdmaError::not_found(format!("no lcore {lcore}")));
+        }
+        self.ask(lcore, move |h, _| h.apps.remove_cq(n).map(drop))?
+            .map_err(app_error)
+    }
+
+    /// Has QP `q.qpn`'s lcore drive it from the application's rings.
+    pub fn attach_app_qp(&self, q: AppQueues) -> Result<(), RdmaError> {
+        let l = self.lcore_of(q.qpn)?;
+        self.ask(l, move |h, _| h.apps.attach(&mut h.dev, q))?
+            .map_err(app_error)
+    }
+}
+
+fn app_error(e: AppError) -> RdmaError {
+    match e {
+        AppError::NoCq(n) => RdmaError::not_found(format!("no completion ring {n}")),
+        AppError::CqInUse(n) => RdmaError::conflict(
+            "cq_busy",
+            format!("QPs still complete into completion ring {n}: destroy them first"),
+        ),
+        AppError::Device(d) => d.into(),
+    }
+}

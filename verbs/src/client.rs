@@ -1,0 +1,321 @@
+//! The client library: a process attaches to roced's socket and uses ferroce as its RDMA device.
+//! Control verbs are messages on the socket; posting and polling are the rings, with no system
+//! call (roced's lcore polls them).
+//!
+//! ```no_run
+//! use verbs::client::{Context, Memory};
+//! let ctx = Context::attach("/run/ferroce/ferroce.sock".as_ref())?;
+//! let pd = ctx.alloc_pd()?;
+//! let mem = Memory::new(1 << 20)?;
+//! let (lkey, _rkey) = ctx.reg_mr(pd, &mem, 0xf)?;
+//! let cq = ctx.create_cq(256)?;
+//! # Ok::<(), verbs::client::ClientError>(())
+//! ```
+
+use crate::abi::{self, Cqe, RecvWqe, SendWqe};
+use crate::attach::{AttachError, recv, send};
+use crate::proto::{ModifyMsg, QpCapsMsg, Reply, Request, RingPlace, VERSION};
+use crate::ring::{Consumer, Producer, RingError, RingLayout};
+use crate::shm::{SharedMem, ShmError};
+use rustix::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+/// Why a verb failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket.
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    /// roced refused, with its code.
+    #[error("{code}: {message}")]
+    Refused {
+        /// Stable code.
+        code: String,
+        /// For people.
+        message: String,
+    },
+    /// roced answered something else than the verb's reply.
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+    /// Shared memory.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// A ring.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// An entry.
+    #[error(transparent)]
+    Abi(#[from] abi::AbiError),
+}
+
+/// Memory an application registers: a sealed memfd mapped here, which roced maps too and its
+/// lcores read and write in place. Its address is what work requests name.
+#[derive(Debug)]
+pub struct Memory {
+    mem: SharedMem,
+}
+
+impl Memory {
+    /// `len` zeroed bytes.
+    pub fn new(len: usize) -> Result<Memory, ClientError> {
+        Ok(Memory {
+            mem: SharedMem::create("ferroce-mr", len)?,
+        })
+    }
+
+    /// The address work requests name for its first byte.
+    pub fn addr(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Copies `data` in at `off`.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len(), "write past the memory");
+        // SAFETY: inside the mapping (asserted); a copy from a distinct buffer. The lcores may
+        // write the same bytes at once only if the application let a peer do so.
+        unsafe {
+            core::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(off), data.len())
+        }
+    }
+
+    /// Copies `len` bytes out from `off`.
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.len(), "read past the memory");
+        let mut v = vec![0u8; len];
+        // SAFETY: inside the mapping (asserted); a copy into a distinct buffer.
+        unsafe { core::ptr::copy_nonoverlapping(self.mem.as_ptr().add(off), v.as_mut_ptr(), len) };
+        v
+    }
+}
+
+/// A completion queue: its ring, read here.
+#[derive(Debug)]
+pub struct Cq {
+    /// Its number in the session.
+    pub cq: u32,
+    ring: Consumer,
+}
+
+impl Cq {
+    /// Up to `max` completions into `out` (`ibv_poll_cq`); how many.
+    pub fn poll(&mut self, max: usize, out: &mut Vec<Cqe>) -> Result<usize, ClientError> {
+        let mut b = [0u8; abi::CQE_BYTES];
+        let mut n = 0;
+        while n < max && self.ring.pop_array(&mut b)? {
+            out.push(Cqe::decode(&b));
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// A queue pair: its send and receive rings, written here.
+#[derive(Debug)]
+pub struct Qp {
+    /// Its number.
+    pub qpn: u32,
+    /// The PSN it starts sending with (what the peer's modify to RTR needs).
+    pub sq_psn: u32,
+    sq: Producer,
+    rq: Producer,
+    slot: Vec<u8>,
+}
+
+impl Qp {
+    /// Posts a send work request (`ibv_post_send`); Ok(false) if the send queue is full.
+    pub fn post_send(&mut self, w: &SendWqe<'_>) -> Result<bool, ClientError> {
+        let n = w.encode(&mut self.slot)?;
+        Ok(self.sq.push(&self.slot[..n])?)
+    }
+
+    /// Posts a receive (`ibv_post_recv`); Ok(false) if the receive queue is full.
+    pub fn post_recv(&mut self, r: &RecvWqe) -> Result<bool, ClientError> {
+        let n = r.encode(&mut self.slot)?;
+        Ok(self.rq.push(&self.slot[..n])?)
+    }
+}
+
+/// An attachment to roced.
+#[derive(Debug)]
+pub struct Context {
+    sock: UnixStream,
+    /// The device's name.
+    pub device: String,
+    /// Port 0's GIDs.
+    pub gids: Vec<String>,
+}
+
+fn ring_of<T>(
+    mem: &Arc<SharedMem>,
+    p: RingPlace,
+    make: impl FnOnce(Arc<SharedMem>, usize, RingLayout) -> Result<T, RingError>,
+) -> Result<T, ClientError> {
+    Ok(make(
+        mem.clone(),
+        p.offset,
+        RingLayout::new(p.slots, p.slot_size)?,
+    )?)
+}
+
+impl Context {
+    /// Attaches to the roced listening at `path`.
+    pub fn attach(path: &std::path::Path) -> Result<Context, ClientError> {
+        let sock = UnixStream::connect(path).map_err(AttachError::Io)?;
+        let mut c = Context {
+            sock,
+            device: String::new(),
+            gids: Vec::new(),
+        };
+        let command = std::env::args().next().unwrap_or_default();
+        match c.call(
+            &Request::Hello {
+                version: VERSION,
+                pid: std::process::id(),
+                command,
+            },
+            &[],
+        )? {
+            (Reply::Welcome { device, gids }, _) => {
+                c.device = device;
+                c.gids = gids;
+                Ok(c)
+            }
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    fn call(
+        &self,
+        req: &Request,
+        fds: &[rustix::fd::BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
+        send(&self.sock, req, fds)?;
+        match recv::<Reply>(&self.sock)? {
+            (Reply::Error { code, message }, _) => Err(ClientError::Refused { code, message }),
+            r => Ok(r),
+        }
+    }
+
+    fn done(&self, req: &Request) -> Result<(), ClientError> {
+        match self.call(req, &[])? {
+            (Reply::Done, _) => Ok(()),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<u32, ClientError> {
+        match self.call(&Request::AllocPd, &[])? {
+            (Reply::Pd { pd }, _) => Ok(pd),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_reg_mr` of all of `mem` with `IBV_ACCESS_*` bits `access`: (lkey, rkey).
+    pub fn reg_mr(&self, pd: u32, mem: &Memory, access: u32) -> Result<(u32, u32), ClientError> {
+        let req = Request::RegMr {
+            pd,
+            addr: mem.addr(),
+            length: mem.len(),
+            access,
+        };
+        match self.call(&req, &[mem.mem.fd()])? {
+            (Reply::Mr { lkey, rkey }, _) => Ok((lkey, rkey)),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_create_cq` of at least `cqe` entries.
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq, ClientError> {
+        match self.call(&Request::CreateCq { cqe }, &[])? {
+            (Reply::Cq { cq, bytes, ring }, mut fds) if fds.len() == 1 => {
+                let mem = Arc::new(SharedMem::map(fds.remove(0), bytes)?);
+                Ok(Cq {
+                    cq,
+                    ring: ring_of(&mem, ring, Consumer::new)?,
+                })
+            }
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_create_qp` (RC) in `pd`, completing into `send_cq` and `recv_cq`.
+    pub fn create_qp(
+        &self,
+        pd: u32,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCapsMsg,
+    ) -> Result<Qp, ClientError> {
+        let req = Request::CreateQp {
+            pd,
+            send_cq: send_cq.cq,
+            recv_cq: recv_cq.cq,
+            caps,
+        };
+        match self.call(&req, &[])? {
+            (
+                Reply::Qp {
+                    qpn,
+                    bytes,
+                    sq,
+                    rq,
+                    sq_psn,
+                },
+                mut fds,
+            ) if fds.len() == 1 => {
+                let mem = Arc::new(SharedMem::map(fds.remove(0), bytes)?);
+                let slot = vec![0u8; sq.slot_size.max(rq.slot_size) as usize];
+                Ok(Qp {
+                    qpn,
+                    sq_psn,
+                    sq: ring_of(&mem, sq, Producer::new)?,
+                    rq: ring_of(&mem, rq, Producer::new)?,
+                    slot,
+                })
+            }
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&self, qp: &Qp, attr: ModifyMsg) -> Result<(), ClientError> {
+        self.done(&Request::ModifyQp { qpn: qp.qpn, attr })
+    }
+
+    /// `ibv_query_qp` of QP `qpn`: (state, send PSN, receive PSN).
+    pub fn query_qp(&self, qpn: u32) -> Result<(String, u32, u32), ClientError> {
+        match self.call(&Request::QueryQp { qpn }, &[])? {
+            (
+                Reply::QpState {
+                    state,
+                    sq_psn,
+                    rq_psn,
+                },
+                _,
+            ) => Ok((state, sq_psn, rq_psn)),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&self, qp: Qp) -> Result<(), ClientError> {
+        self.done(&Request::DestroyQp { qpn: qp.qpn })
+    }
+
+    /// The socket, for a caller that waits on it.
+    pub fn socket(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}

@@ -1,0 +1,207 @@
+//! The control verbs an attached application sends roced, and roced's answers, as the attach
+//! socket carries them ([`crate::attach`]). Each request gets one reply; the descriptors that go
+//! with a message are named in its documentation.
+
+use serde::{Deserialize, Serialize};
+
+/// What the attach protocol is at (a client of another version is refused at `Hello`).
+pub const VERSION: u32 = 1;
+
+/// Where a ring lies in the memory a reply's descriptor maps, and its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingPlace {
+    /// Offset of its header in the memory.
+    pub offset: usize,
+    /// Its slots.
+    pub slots: u32,
+    /// Bytes of each slot.
+    pub slot_size: u32,
+}
+
+/// A QP's capacities, as `ibv_qp_cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpCapsMsg {
+    /// Send queue entries.
+    pub max_send_wr: u32,
+    /// Receive queue entries.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries of a send.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries of a receive.
+    pub max_recv_sge: u32,
+    /// Inline bytes of a send.
+    pub max_inline_data: u32,
+}
+
+/// A modify, as `ibv_qp_attr` with its mask: each field given or not.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModifyMsg {
+    /// "INIT", "RTR", "RTS", "SQD", "ERR" or "RESET".
+    pub state: String,
+    /// Remote access (`IBV_ACCESS_*` bits: REMOTE_WRITE 2, REMOTE_READ 4, REMOTE_ATOMIC 8).
+    pub access: Option<u32>,
+    /// Path MTU in bytes (256 to 4096).
+    pub mtu: Option<u32>,
+    /// The remote QP.
+    pub dest_qp: Option<u32>,
+    /// The remote GID (IPv4, IPv4-mapped or IPv6 address).
+    pub remote_gid: Option<String>,
+    /// DSCP of the QP's packets.
+    pub dscp: Option<u8>,
+    /// The peer's first PSN.
+    pub rq_psn: Option<u32>,
+    /// Our first PSN.
+    pub sq_psn: Option<u32>,
+    /// Local ACK timeout code.
+    pub timeout: Option<u8>,
+    /// Retries.
+    pub retry_cnt: Option<u8>,
+    /// RNR retries.
+    pub rnr_retry: Option<u8>,
+    /// RNR NAK timer code.
+    pub min_rnr_timer: Option<u8>,
+    /// READs/atomics outstanding as requester.
+    pub max_rd_atomic: Option<u8>,
+    /// READs/atomics accepted as responder.
+    pub max_dest_rd_atomic: Option<u8>,
+}
+
+/// An application's control verb.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// The first message: the client's protocol version and process.
+    Hello {
+        /// [`VERSION`].
+        version: u32,
+        /// Its process id (for operators' listings).
+        pid: u32,
+        /// Its command (ditto).
+        command: String,
+    },
+    /// `ibv_alloc_pd`.
+    AllocPd,
+    /// `ibv_dealloc_pd`.
+    DeallocPd {
+        /// The PD.
+        pd: u32,
+    },
+    /// `ibv_reg_mr` of `length` bytes the application has at `addr`, in the memfd sent with
+    /// this message (offset 0), sealed against shrinking.
+    RegMr {
+        /// Its PD.
+        pd: u32,
+        /// The address the application uses for it (what its work requests name).
+        addr: u64,
+        /// Bytes.
+        length: usize,
+        /// `IBV_ACCESS_*` bits: LOCAL_WRITE 1, REMOTE_WRITE 2, REMOTE_READ 4, REMOTE_ATOMIC 8.
+        access: u32,
+    },
+    /// `ibv_dereg_mr`.
+    DeregMr {
+        /// Its local key.
+        lkey: u32,
+    },
+    /// `ibv_create_cq` of at least `cqe` entries: the reply carries the ring's memory.
+    CreateCq {
+        /// Entries.
+        cqe: u32,
+    },
+    /// `ibv_destroy_cq`.
+    DestroyCq {
+        /// The CQ.
+        cq: u32,
+    },
+    /// `ibv_create_qp` (RC): the reply carries the send and receive rings' memory.
+    CreateQp {
+        /// Its PD.
+        pd: u32,
+        /// The CQ its send completions go to.
+        send_cq: u32,
+        /// The CQ its receive completions go to.
+        recv_cq: u32,
+        /// Its capacities.
+        caps: QpCapsMsg,
+    },
+    /// `ibv_modify_qp`.
+    ModifyQp {
+        /// The QP.
+        qpn: u32,
+        /// The attributes given.
+        attr: ModifyMsg,
+    },
+    /// `ibv_query_qp`: its state and PSNs.
+    QueryQp {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `ibv_destroy_qp`.
+    DestroyQp {
+        /// The QP.
+        qpn: u32,
+    },
+}
+
+/// roced's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Done; nothing to say.
+    Done,
+    /// Attached: the device's name and its first port's GIDs.
+    Welcome {
+        /// "ferroce0".
+        device: String,
+        /// The GIDs of port 0, in GID table order.
+        gids: Vec<String>,
+    },
+    /// A protection domain.
+    Pd {
+        /// Its number.
+        pd: u32,
+    },
+    /// A registered region.
+    Mr {
+        /// Local key.
+        lkey: u32,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// A CQ; its ring is in the memory sent with this reply.
+    Cq {
+        /// Its number.
+        cq: u32,
+        /// Bytes of the memory.
+        bytes: usize,
+        /// The completion ring.
+        ring: RingPlace,
+    },
+    /// A QP; its rings are in the memory sent with this reply.
+    Qp {
+        /// Its number.
+        qpn: u32,
+        /// Bytes of the memory.
+        bytes: usize,
+        /// The send ring (the application produces).
+        sq: RingPlace,
+        /// The receive ring (the application produces).
+        rq: RingPlace,
+        /// The PSN it will start sending with unless a modify to RTS names another.
+        sq_psn: u32,
+    },
+    /// A QP's state.
+    QpState {
+        /// "RESET", "INIT", "RTR", "RTS", "SQD", "SQE" or "ERR".
+        state: String,
+        /// Its send PSN.
+        sq_psn: u32,
+        /// Its expected receive PSN.
+        rq_psn: u32,
+    },
+    /// Refused.
+    Error {
+        /// A stable code (as the REST API's).
+        code: String,
+        /// What went wrong, for people.
+        message: String,
+    },
+}
