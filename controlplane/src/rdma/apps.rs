@@ -47,7 +47,7 @@ impl Rdma {
         if lcore >= self.lcores.len() {
             return Err(RdmaError::not_found(format!("no lcore {lcore}")));
         }
-        self.ask(lcore, move |h, _| h.apps.remove_cq(n).map(drop))?
+        self.ask(lcore, move |h, _| h.apps.remove_cq(&h.dev, n).map(drop))?
             .map_err(app_error)
     }
 

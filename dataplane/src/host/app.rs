@@ -125,8 +125,10 @@ impl Apps {
         }
     }
 
-    /// Gives completion ring `cq` back, refused while a QP completes into it.
-    pub fn remove_cq(&mut self, cq: u32) -> Result<Producer, AppError> {
+    /// Gives completion ring `cq` back, refused while a QP of `dev` completes into it (QPs
+    /// destroyed since the last poll no longer count).
+    pub fn remove_cq(&mut self, dev: &Device, cq: u32) -> Result<Producer, AppError> {
+        self.qps.retain(|a| dev.index(a.q.qpn).is_some());
         if self
             .qps
             .iter()
@@ -171,7 +173,7 @@ impl Apps {
         self.qps.len()
     }
 
-    /// None.
+    /// True when no QP is driven by rings.
     pub fn is_empty(&self) -> bool {
         self.qps.is_empty()
     }

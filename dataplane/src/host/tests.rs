@@ -479,7 +479,7 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     let counters = ask(&a, |h, _| h.apps.counters).unwrap();
     assert_eq!(counters.broken_rings, 1, "{counters:?}");
     // A completion ring is not taken back while a QP completes into it.
-    let r = ask(&a, |h, _| h.apps.remove_cq(0).map(|_| ())).unwrap();
+    let r = ask(&a, |h, _| h.apps.remove_cq(&h.dev, 0).map(|_| ())).unwrap();
     assert!(matches!(r, Err(AppError::CqInUse(0))), "{r:?}");
     assert_eq!(counters.refused, 1, "{counters:?}");
     // Posted: two WRITEs on the first QP, ten on the second; the refused entry and the one
