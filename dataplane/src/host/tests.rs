@@ -553,5 +553,34 @@ fn an_applications_own_memory_is_read_and_written_in_place() {
     // SAFETY: the application's mapping, read after the completion said the READ landed.
     unsafe { core::ptr::copy_nonoverlapping(mine.as_ptr().add(0x4000), seen.as_mut_ptr(), 4096) };
     assert_eq!(seen, theirs_bytes);
+
+    // Another application's memory (a region of another protection domain) cannot be named
+    // by this QP: the WRITE completes with a local protection error and nothing leaves.
+    let secret = vec![0xeeu8; 4096];
+    let other_key = 0x00ab_d000;
+    let s2 = secret.clone();
+    ask(&a, move |h, _| {
+        h.dev.alloc_pd(0x77);
+        let mut mem = crate::mem::SharedMem::heap(4096).unwrap();
+        transport::mr::MrMemory::write(&mut mem, 0, &s2);
+        h.dev.reg_shared(
+            other_key,
+            0x77,
+            0x5000_0000,
+            Access::LOCAL_WRITE,
+            Box::new(mem),
+        )
+    })
+    .unwrap()
+    .unwrap();
+    let mut steal = write(3, other_key, p.kb, 0x2_0000, 4096);
+    steal.sg[0].addr = 0x5000_0000;
+    app.post(&steal);
+    let c = app.completion();
+    assert_eq!((c.wr_id, c.status), (3, 4), "IBV_WC_LOC_PROT_ERR");
+    let got = ask(&b, move |h, _| h.dev.read_mr(kb, PAIR_VA + 0x2_0000, 4096))
+        .unwrap()
+        .unwrap();
+    assert_ne!(got, secret, "another PD's bytes reached the peer");
     stop_all([&a, &b], vec![ta, tb]);
 }

@@ -466,6 +466,24 @@ impl MrTable {
         }
     }
 
+    /// The region local key `key` names for a QP of protection domain `pd`: a key of another
+    /// PD is refused as an unknown one is (verbs' local access checks; what keeps one attached
+    /// application's work requests off another's memory).
+    pub fn local(&self, key: u32, pd: PdHandle) -> Result<&MemoryRegion, MrError> {
+        match self.get(key) {
+            Ok(r) if r.pd == pd => Ok(r),
+            _ => Err(MrError::InvalidKey),
+        }
+    }
+
+    /// [`MrTable::local`], writable.
+    pub fn local_mut(&mut self, key: u32, pd: PdHandle) -> Result<&mut MemoryRegion, MrError> {
+        match self.get_mut(key) {
+            Ok(r) if r.pd == pd => Ok(r),
+            _ => Err(MrError::InvalidKey),
+        }
+    }
+
     /// The region a key names, writable.
     pub fn get_mut(&mut self, key: u32) -> Result<&mut MemoryRegion, MrError> {
         let index = (key >> 8) as usize;

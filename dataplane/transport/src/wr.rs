@@ -9,7 +9,7 @@
 //! acknowledgements. [`gather`] copies a packet's payload out of the SG list's regions.
 
 use super::cq::WcOpcode;
-use super::mr::{MrError, MrTable};
+use super::mr::{MrError, MrTable, PdHandle};
 use super::qp::Mtu;
 use arrayvec::ArrayVec;
 use wire::opcode::op;
@@ -555,8 +555,12 @@ pub type InlineData = ArrayVec<u8, { MAX_INLINE_DATA as usize }>;
 /// An inline request's bytes (IBV_SEND_INLINE with an SG list): gathered from the regions
 /// now and the SG list emptied, for `RcQp::post_send`. None for a request that is not
 /// inline; an error when its bytes are more than [`MAX_INLINE_DATA`] or outside its regions.
-pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>, WrError> {
-    let d = inline_bytes(mrs, wr)?;
+pub fn take_inline(
+    mrs: &MrTable,
+    pd: PdHandle,
+    wr: &mut SendWr,
+) -> Result<Option<InlineData>, WrError> {
+    let d = inline_bytes(mrs, pd, wr)?;
     if d.is_some() {
         wr.sg.clear();
     }
@@ -565,7 +569,11 @@ pub fn take_inline(mrs: &MrTable, wr: &mut SendWr) -> Result<Option<InlineData>,
 
 /// [`take_inline`] without emptying the SG list (for `RcQp::post_send`, which leaves
 /// it out of the copy it posts).
-pub fn inline_bytes(mrs: &MrTable, wr: &SendWr) -> Result<Option<InlineData>, WrError> {
+pub fn inline_bytes(
+    mrs: &MrTable,
+    pd: PdHandle,
+    wr: &SendWr,
+) -> Result<Option<InlineData>, WrError> {
     if !wr.inline {
         return Ok(None);
     }
@@ -575,13 +583,19 @@ pub fn inline_bytes(mrs: &MrTable, wr: &SendWr) -> Result<Option<InlineData>, Wr
     }
     let mut d = InlineData::new();
     d.extend(core::iter::repeat_n(0, len as usize));
-    gather(mrs, &wr.sg, 0, &mut d).map_err(|_| WrError::BadInlineSge)?;
+    gather(mrs, pd, &wr.sg, 0, &mut d).map_err(|_| WrError::BadInlineSge)?;
     Ok(Some(d))
 }
 
 /// Copies `len` bytes at `offset` of the message described by `sg` into `out`, checking each
 /// region's key and bounds (a failure is a local protection error).
-pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Result<(), MrError> {
+pub fn gather(
+    mrs: &MrTable,
+    pd: PdHandle,
+    sg: &[Sge],
+    mut offset: u64,
+    out: &mut [u8],
+) -> Result<(), MrError> {
     let mut done = 0;
     for s in sg {
         if done == out.len() {
@@ -592,7 +606,7 @@ pub fn gather(mrs: &MrTable, sg: &[Sge], mut offset: u64, out: &mut [u8]) -> Res
             continue;
         }
         let take = ((s.length as u64 - offset) as usize).min(out.len() - done);
-        let r = mrs.get(s.lkey)?;
+        let r = mrs.local(s.lkey, pd)?;
         r.read(s.addr + offset, &mut out[done..done + take])?;
         done += take;
         offset = 0;
@@ -812,7 +826,7 @@ mod tests {
             },
         ];
         let mut out = [0u8; 20];
-        gather(&t, &sg, 5, &mut out).unwrap();
+        gather(&t, pd, &sg, 5, &mut out).unwrap();
         let want: Vec<u8> = (95u8..100).chain(100..115).collect();
         assert_eq!(&out[..], &want[..]);
         let bad = [Sge {
@@ -820,31 +834,44 @@ mod tests {
             length: 10,
             lkey: a ^ 0x2,
         }]; // same slot, wrong tag
-        assert_eq!(gather(&t, &bad, 0, &mut out[..4]), Err(MrError::InvalidKey));
+        assert_eq!(
+            gather(&t, pd, &bad, 0, &mut out[..4]),
+            Err(MrError::InvalidKey)
+        );
         let oob = [Sge {
             addr: 0x1000 + 95,
             length: 10,
             lkey: a,
         }];
         assert_eq!(
-            gather(&t, &oob, 0, &mut out[..10]),
+            gather(&t, pd, &oob, 0, &mut out[..10]),
             Err(MrError::OutOfBounds)
+        );
+        // A key of another protection domain is refused as an unknown one is: a QP of one
+        // application cannot send or receive through another's memory.
+        let other = t.alloc_pd();
+        assert_eq!(
+            gather(&t, other, &sg, 0, &mut out),
+            Err(MrError::InvalidKey)
         );
         // Inline requests: the bytes are taken now and the SG list emptied; a request that is
         // not inline is left alone; too long, a READ, or a bad key is refused.
         let mut wr = SendWr::new(1, SendOp::Send, sg.iter().copied().collect());
-        assert_eq!(take_inline(&t, &mut wr), Ok(None));
+        assert_eq!(take_inline(&t, pd, &mut wr), Ok(None));
         assert_eq!(wr.sg.len(), 2);
         wr.inline = true;
-        let d = take_inline(&t, &mut wr).unwrap().unwrap();
+        let d = take_inline(&t, pd, &mut wr).unwrap().unwrap();
         let want: Vec<u8> = (90u8..100).chain(100..150).collect();
         assert_eq!((&d[..], wr.sg.len()), (&want[..], 0));
         let mut big = SendWr::new(2, SendOp::Send, Sge::list(0x9000, 600, b));
         big.inline = true;
-        assert_eq!(take_inline(&t, &mut big), Err(WrError::BadInline));
+        assert_eq!(take_inline(&t, pd, &mut big), Err(WrError::BadInline));
         let mut bad_key = SendWr::new(3, SendOp::Send, bad.iter().copied().collect());
         bad_key.inline = true;
-        assert_eq!(take_inline(&t, &mut bad_key), Err(WrError::BadInlineSge));
+        assert_eq!(
+            take_inline(&t, pd, &mut bad_key),
+            Err(WrError::BadInlineSge)
+        );
         assert_eq!(bad_key.sg.len(), 1, "a refused request keeps its SG list");
     }
 }

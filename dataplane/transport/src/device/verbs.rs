@@ -305,8 +305,12 @@ impl Device {
     ) -> Result<(), DeviceError> {
         // Checked here first: the gathered bytes come back by value, 512 of them, and a
         // request that is not inline should not pay for moving that.
+        let pd = {
+            let (_, s) = self.slot_of(qpn)?;
+            s.qp.pd
+        };
         let gathered = match inline {
-            None if wr.inline => crate::wr::inline_bytes(&self.mrs, wr)?,
+            None if wr.inline => crate::wr::inline_bytes(&self.mrs, pd, wr)?,
             _ => None,
         };
         let (i, s) = self.slot_of(qpn)?;

@@ -65,7 +65,7 @@ pub(super) fn post_copy(
         // (Not through `inline_bytes`: its answer, 520 bytes, is copied even when empty.)
         return qp.post_send(wr, wr_id, None);
     }
-    let d = crate::wr::inline_bytes(mrs, wr)?;
+    let d = crate::wr::inline_bytes(mrs, qp.pd, wr)?;
     qp.post_send(wr, wr_id, d.as_deref())
 }
 

@@ -123,7 +123,7 @@ impl RcQp {
             return false;
         };
         let Some((mem, off)) = mrs
-            .get(lkey)
+            .local(lkey, self.pd)
             .ok()
             .and_then(|m| m.attachable_range(va, len as u64))
         else {

@@ -630,9 +630,11 @@ fn wc(
     }
 }
 
-/// Copies `data` into the SG list at message offset `at`, checking keys, bounds and local write.
+/// Copies `data` into the SG list at message offset `at`, checking keys (of the QP's PD),
+/// bounds and local write.
 fn scatter(
     mrs: &mut MrTable,
+    pd: PdHandle,
     sg: &[crate::wr::Sge],
     mut at: u64,
     mut data: &[u8],
@@ -646,7 +648,7 @@ fn scatter(
             continue;
         }
         let n = ((s.length as u64 - at) as usize).min(data.len());
-        let r = mrs.get_mut(s.lkey)?;
+        let r = mrs.local_mut(s.lkey, pd)?;
         if !r.access.contains(crate::mr::Access::LOCAL_WRITE) {
             return Err(MrError::AccessDenied);
         }

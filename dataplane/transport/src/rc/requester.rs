@@ -123,7 +123,7 @@ impl RcQp {
                     dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
                     Ok(())
                 }
-                None => gather(mrs, sg, pk.offset as u64, dst),
+                None => gather(mrs, self.pd, sg, pk.offset as u64, dst),
             })
         };
         match built {

@@ -343,7 +343,9 @@ impl RcQp {
             // A SEND longer than its receive is a length error before anything is placed
             // (rxe checks the receive's room first too).
             let room: u64 = wr.sg.iter().map(|s| s.length as u64).sum();
-            if *at + payload.len() as u64 > room || scatter(mrs, &wr.sg, *at, payload).is_err() {
+            if *at + payload.len() as u64 > room
+                || scatter(mrs, self.pd, &wr.sg, *at, payload).is_err()
+            {
                 let wr_id = wr.wr_id;
                 let _ = recv_cq.push(wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, self.qpn));
                 self.resp.recv_cur = None;

@@ -89,7 +89,7 @@ impl RcQp {
                 dst.copy_from_slice(x);
                 Ok(())
             }
-            None => gather(mrs, sg, 0, dst),
+            None => gather(mrs, self.pd, sg, 0, dst),
         });
         match built {
             Some(Ok(())) => {
@@ -144,8 +144,8 @@ impl RcQp {
         } else {
             grh.copy_from_slice(&ip[..UD_GRH_LEN]);
         }
-        let placed = scatter(mrs, &wr.sg, 0, &grh)
-            .and_then(|()| scatter(mrs, &wr.sg, UD_GRH_LEN as u64, payload));
+        let placed = scatter(mrs, self.pd, &wr.sg, 0, &grh)
+            .and_then(|()| scatter(mrs, self.pd, &wr.sg, UD_GRH_LEN as u64, payload));
         if placed.is_err() {
             let _ = recv_cq.push(wc(
                 wr.wr_id,
