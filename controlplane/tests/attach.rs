@@ -62,7 +62,11 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
     let pd = ctx.alloc_pd().unwrap();
     let mem = Memory::new(64 << 10).unwrap();
     let data = pattern(16 << 10, 7);
-    mem.write(0, &data);
+    mem.write(0, &data).unwrap();
+    assert!(
+        mem.write(64 << 10, &[1]).is_err(),
+        "a write past the memory is refused"
+    );
     let (lkey, _) = ctx.reg_mr(pd, &mem, 0xf).unwrap();
     let mut cq = ctx.create_cq(64).unwrap();
     let caps = QpCapsMsg {
@@ -149,7 +153,7 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
     );
     same(
         &n,
-        &mem.read(0x8000, 8 << 10),
+        &mem.read(0x8000, 8 << 10).unwrap(),
         &theirs,
         "READ into the application",
     );

@@ -47,6 +47,16 @@ pub enum ClientError {
     /// An entry.
     #[error(transparent)]
     Abi(#[from] abi::AbiError),
+    /// A range outside the memory.
+    #[error("{len} bytes at {off} are outside {size} bytes of memory")]
+    OutOfRange {
+        /// Offset asked.
+        off: usize,
+        /// Length asked.
+        len: usize,
+        /// The memory's length.
+        size: usize,
+    },
 }
 
 /// Memory an application registers: a sealed memfd mapped here, which roced maps too and its
@@ -79,23 +89,35 @@ impl Memory {
         false
     }
 
+    fn check(&self, off: usize, len: usize) -> Result<(), ClientError> {
+        if off.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(ClientError::OutOfRange {
+                off,
+                len,
+                size: self.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Copies `data` in at `off`.
-    pub fn write(&self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= self.len(), "write past the memory");
-        // SAFETY: inside the mapping (asserted); a copy from a distinct buffer. The lcores may
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<(), ClientError> {
+        self.check(off, data.len())?;
+        // SAFETY: inside the mapping (checked); a copy from a distinct buffer. The lcores may
         // write the same bytes at once only if the application let a peer do so.
         unsafe {
             core::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(off), data.len())
-        }
+        };
+        Ok(())
     }
 
     /// Copies `len` bytes out from `off`.
-    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        assert!(off + len <= self.len(), "read past the memory");
+    pub fn read(&self, off: usize, len: usize) -> Result<Vec<u8>, ClientError> {
+        self.check(off, len)?;
         let mut v = vec![0u8; len];
-        // SAFETY: inside the mapping (asserted); a copy into a distinct buffer.
+        // SAFETY: inside the mapping (checked); a copy into a distinct buffer.
         unsafe { core::ptr::copy_nonoverlapping(self.mem.as_ptr().add(off), v.as_mut_ptr(), len) };
-        v
+        Ok(v)
     }
 }
 
