@@ -185,39 +185,35 @@ impl Producer {
     /// Copies `entry` into the next slot (the slot's remaining bytes are left as they were) and
     /// publishes it; `Ok(false)` if the ring is full.
     pub fn push(&mut self, entry: &[u8]) -> Result<bool, RingError> {
-        if entry.len() > self.ring.layout.slot_size as usize {
-            return Err(RingError::TooLong(entry.len()));
-        }
-        if self.free()? == 0 {
-            return Ok(false);
-        }
-        // SAFETY: the slot is inside the ring and is ours until `head` is published: the
-        // consumer reads only slots below the producer's index. The source is a local slice.
-        unsafe {
-            core::ptr::copy_nonoverlapping(entry.as_ptr(), self.ring.slot(self.head), entry.len())
-        };
-        self.head = self.head.wrapping_add(1);
-        self.ring.index(PROD).store(self.head, Ordering::Release);
-        Ok(true)
+        // SAFETY: `produce` hands a slot of at least `entry.len()` bytes that is ours until
+        // published; the source is a local slice.
+        self.produce(entry.len(), |dst| unsafe {
+            core::ptr::copy_nonoverlapping(entry.as_ptr(), dst, entry.len())
+        })
     }
 
     /// [`Producer::push`] of an entry whose size is known when compiling (a completion entry):
     /// the copy is a few moves, not a call.
     #[inline]
     pub fn push_array<const N: usize>(&mut self, entry: &[u8; N]) -> Result<bool, RingError> {
-        if N > self.ring.layout.slot_size as usize {
-            return Err(RingError::TooLong(N));
+        // SAFETY: as in `push`, a slot of at least N bytes.
+        self.produce(N, |dst| unsafe {
+            dst.cast::<[u8; N]>().write_unaligned(*entry)
+        })
+    }
+
+    /// The one way an entry goes in: checks it fits a slot and that one is free, lets `copy`
+    /// fill the slot (at least `len` bytes, the producer's alone until published: the consumer
+    /// reads only slots below the producer's index), then publishes it.
+    #[inline]
+    fn produce(&mut self, len: usize, copy: impl FnOnce(*mut u8)) -> Result<bool, RingError> {
+        if len > self.ring.layout.slot_size as usize {
+            return Err(RingError::TooLong(len));
         }
         if self.free()? == 0 {
             return Ok(false);
         }
-        // SAFETY: as in `push`: the slot (at least N bytes, checked) is ours until published.
-        unsafe {
-            self.ring
-                .slot(self.head)
-                .cast::<[u8; N]>()
-                .write_unaligned(*entry)
-        };
+        copy(self.ring.slot(self.head));
         self.head = self.head.wrapping_add(1);
         self.ring.index(PROD).store(self.head, Ordering::Release);
         Ok(true)
@@ -277,17 +273,10 @@ impl Consumer {
     /// Copies the next entry into `out` (its first `slot_size` bytes at most) and releases its
     /// slot; `Ok(false)` if the ring is empty.
     pub fn pop(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
-        if self.ready()? == 0 {
-            return Ok(false);
-        }
         let n = out.len().min(self.ring.layout.slot_size as usize);
-        // SAFETY: the slot is inside the ring and was published by the producer's release
-        // store that `ready` acquired; it stays the consumer's until `tail` is published. The
-        // copy goes to local memory, and only the copy is ever looked at.
-        unsafe { core::ptr::copy_nonoverlapping(self.ring.slot(self.tail), out.as_mut_ptr(), n) };
-        self.tail = self.tail.wrapping_add(1);
-        self.ring.index(CONS).store(self.tail, Ordering::Release);
-        Ok(true)
+        // SAFETY: `consume` hands a published slot of `slot_size` >= n bytes; the copy goes to
+        // local memory, and only the copy is ever looked at.
+        self.consume(|src| unsafe { core::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), n) })
     }
 
     /// [`Consumer::pop`] of the first `N` bytes of the next entry, `N` known when compiling.
@@ -296,12 +285,19 @@ impl Consumer {
         if N > self.ring.layout.slot_size as usize {
             return Err(RingError::TooLong(N));
         }
+        // SAFETY: as in `pop`, a slot of at least N bytes (checked).
+        self.consume(|src| *out = unsafe { src.cast::<[u8; N]>().read_unaligned() })
+    }
+
+    /// The one way an entry comes out: if one is ready, lets `copy` read its slot (published
+    /// by the producer's release store that `ready` acquired, the consumer's until `tail` is
+    /// published), then releases the slot.
+    #[inline]
+    fn consume(&mut self, copy: impl FnOnce(*const u8)) -> Result<bool, RingError> {
         if self.ready()? == 0 {
             return Ok(false);
         }
-        // SAFETY: as in `pop`: a published slot of at least N bytes (checked), read into a
-        // local copy before the slot is released.
-        *out = unsafe { self.ring.slot(self.tail).cast::<[u8; N]>().read_unaligned() };
+        copy(self.ring.slot(self.tail));
         self.tail = self.tail.wrapping_add(1);
         self.ring.index(CONS).store(self.tail, Ordering::Release);
         Ok(true)
