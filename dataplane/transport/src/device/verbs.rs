@@ -305,15 +305,13 @@ impl Device {
     ) -> Result<(), DeviceError> {
         // Checked here first: the gathered bytes come back by value, 512 of them, and a
         // request that is not inline should not pay for moving that.
-        let pd = {
-            let (_, s) = self.slot_of(qpn)?;
-            s.qp.pd
-        };
+        let (i, s) = self.slot_of(qpn)?;
+        let pd = s.qp.pd;
         let gathered = match inline {
             None if wr.inline => crate::wr::inline_bytes(&self.mrs, pd, wr)?,
             _ => None,
         };
-        let (i, s) = self.slot_of(qpn)?;
+        let s = self.slots[i].as_mut().expect("looked up above");
         s.qp.observe(now);
         let r = s.qp.post_send(wr, wr.wr_id, inline.or(gathered.as_deref()));
         self.mark_ready(i);
