@@ -176,24 +176,8 @@ fn from_rdma(e: RdmaError) -> Reply {
 
 /// `IBV_ACCESS_*` bits as the transport's access.
 fn access_of(bits: u32) -> Result<Access, Reply> {
-    if bits & !0xf != 0 {
-        return Err(refusal(
-            "bad_access",
-            format!("unknown access bits {bits:#x}"),
-        ));
-    }
-    let mut a = Access::NONE;
-    for (bit, f) in [
-        (1, Access::LOCAL_WRITE),
-        (2, Access::REMOTE_WRITE),
-        (4, Access::REMOTE_READ),
-        (8, Access::REMOTE_ATOMIC),
-    ] {
-        if bits & bit != 0 {
-            a = a.union(f);
-        }
-    }
-    Ok(a)
+    Access::from_bits(bits)
+        .ok_or_else(|| refusal("bad_access", format!("unknown access bits {bits:#x}")))
 }
 
 /// A ring layout for `entries` entries of `slot` bytes (rounded up as the rings need).

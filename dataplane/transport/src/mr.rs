@@ -31,6 +31,15 @@ impl Access {
         Access(self.0 | other.0)
     }
 
+    /// Rights from their bits, which are libibverbs' `IBV_ACCESS_*` values (LOCAL_WRITE 1,
+    /// REMOTE_WRITE 2, REMOTE_READ 4, REMOTE_ATOMIC 8); None if another bit is set.
+    pub const fn from_bits(bits: u32) -> Option<Access> {
+        if bits & !0xf != 0 {
+            return None;
+        }
+        Some(Access(bits as u8))
+    }
+
     /// The bits.
     pub const fn bits(self) -> u8 {
         self.0
