@@ -242,6 +242,8 @@ impl Session {
                 done(Reply::Welcome {
                     device: "ferroce0".into(),
                     gids: rdma.gids(0).iter().map(|g| g.to_string()).collect(),
+                    mtu: rdma.port_mtu(0).into(),
+                    mac: rdma.mac(0).map_or([0; 6], |m| m.0),
                 })
             }
             Request::AllocPd => {
@@ -259,16 +261,36 @@ impl Session {
                 pd,
                 addr,
                 length,
+                offset,
+                pieces,
                 access,
             } => {
                 self.owns_pd(pd)?;
                 let access = access_of(access)?;
-                let Some(fd) = fds.pop() else {
-                    return Err(refusal("no_memory", "RegMr comes with the memory's memfd"));
+                let bad = |e: verbs::shm::ShmError| refusal("bad_memory", e.to_string());
+                let m = if pieces.is_empty() {
+                    let Some(fd) = fds.pop() else {
+                        return Err(refusal("no_memory", "RegMr comes with the memory's memfd"));
+                    };
+                    let end = offset
+                        .checked_add(length)
+                        .ok_or_else(|| refusal("bad_memory", "offset + length overflows"))?;
+                    SharedMem::map(fd, end).map_err(bad)?
+                } else {
+                    if fds.len() != pieces.len() {
+                        return Err(refusal(
+                            "no_memory",
+                            format!("{} pieces with {} memfds", pieces.len(), fds.len()),
+                        ));
+                    }
+                    let p: Vec<_> = fds
+                        .iter()
+                        .zip(&pieces)
+                        .map(|(f, p)| (f.as_fd(), p.offset, p.len))
+                        .collect();
+                    SharedMem::map_pieces(&p).map_err(bad)?
                 };
-                let m =
-                    SharedMem::map(fd, length).map_err(|e| refusal("bad_memory", e.to_string()))?;
-                let mem = dataplane::mem::SharedMem::application(Arc::new(m), 0, length)
+                let mem = dataplane::mem::SharedMem::application(Arc::new(m), offset, length)
                     .ok_or_else(|| refusal("bad_memory", "the range is outside the memory"))?;
                 let mr = rdma.reg_app_mr(mem, addr, access, pd).map_err(from_rdma)?;
                 self.mrs.push(mr.lkey);

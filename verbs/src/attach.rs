@@ -25,7 +25,7 @@ use std::os::unix::net::UnixStream;
 /// Bytes one message may take.
 pub const MAX_MESSAGE: usize = 64 << 10;
 /// Descriptors one message may carry.
-pub const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 32;
 
 /// Why a message could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -172,9 +172,9 @@ mod tests {
         assert!(matches!(recv::<Msg>(&b), Err(AttachError::TooLong(_))));
         // Too many descriptors refused on the way out.
         let m = SharedMem::create("x", 64).unwrap();
-        let five = [m.fd(), m.fd(), m.fd(), m.fd(), m.fd()];
+        let too_many = vec![m.fd(); MAX_FDS + 1];
         assert!(matches!(
-            send(&a, &Msg::Hello { pid: 1 }, &five),
+            send(&a, &Msg::Hello { pid: 1 }, &too_many),
             Err(AttachError::TooManyFds)
         ));
         // A peer that goes away.

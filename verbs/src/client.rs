@@ -47,6 +47,9 @@ pub enum ClientError {
     /// An entry.
     #[error(transparent)]
     Abi(#[from] abi::AbiError),
+    /// The process's memory could not be shared.
+    #[error(transparent)]
+    Adopt(#[from] crate::adopt::AdoptError),
     /// A range outside the memory.
     #[error("{len} bytes at {off} are outside {size} bytes of memory")]
     OutOfRange {
@@ -130,6 +133,17 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// The next completion, if there is one.
+    pub fn poll_one(&mut self) -> Result<Option<Cqe>, ClientError> {
+        let mut b = [0u8; abi::CQE_BYTES];
+        Ok(self.ring.pop_array(&mut b)?.then(|| Cqe::decode(&b)))
+    }
+
+    /// Entries the ring holds.
+    pub fn capacity(&self) -> u32 {
+        self.ring.layout().slots
+    }
+
     /// Up to `max` completions into `out` (`ibv_poll_cq`); how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<Cqe>) -> Result<usize, ClientError> {
         let mut b = [0u8; abi::CQE_BYTES];
@@ -161,6 +175,28 @@ impl Qp {
         Ok(self.sq.push(&self.slot[..n])?)
     }
 
+    /// Writes a send work request into the send queue without publishing it (see
+    /// [`Producer::stage`]); Ok(false) if the send queue is full.
+    pub fn stage_send(&mut self, w: &SendWqe<'_>) -> Result<bool, ClientError> {
+        let n = w.encode(&mut self.slot)?;
+        Ok(self.sq.stage(&self.slot[..n])?)
+    }
+
+    /// Publishes the staged send work requests: the lcore takes them from now on.
+    pub fn publish_sends(&mut self) {
+        self.sq.publish();
+    }
+
+    /// Forgets the staged send work requests.
+    pub fn discard_sends(&mut self) {
+        self.sq.discard();
+    }
+
+    /// Entries of the send and the receive queue.
+    pub fn depths(&self) -> (u32, u32) {
+        (self.sq.layout().slots, self.rq.layout().slots)
+    }
+
     /// Posts a receive (`ibv_post_recv`); Ok(false) if the receive queue is full.
     pub fn post_recv(&mut self, r: &RecvWqe) -> Result<bool, ClientError> {
         let n = r.encode(&mut self.slot)?;
@@ -176,6 +212,10 @@ pub struct Context {
     pub device: String,
     /// Port 0's GIDs.
     pub gids: Vec<String>,
+    /// Port 0's MTU.
+    pub mtu: u32,
+    /// Port 0's MAC address.
+    pub mac: [u8; 6],
 }
 
 fn ring_of<T>(
@@ -198,6 +238,8 @@ impl Context {
             sock,
             device: String::new(),
             gids: Vec::new(),
+            mtu: 0,
+            mac: [0; 6],
         };
         let command = std::env::args().next().unwrap_or_default();
         match c.call(
@@ -208,9 +250,19 @@ impl Context {
             },
             &[],
         )? {
-            (Reply::Welcome { device, gids }, _) => {
+            (
+                Reply::Welcome {
+                    device,
+                    gids,
+                    mtu,
+                    mac,
+                },
+                _,
+            ) => {
                 c.device = device;
                 c.gids = gids;
+                c.mtu = mtu;
+                c.mac = mac;
                 Ok(c)
             }
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
@@ -250,12 +302,96 @@ impl Context {
             pd,
             addr: mem.addr(),
             length: mem.len(),
+            offset: 0,
+            pieces: Vec::new(),
             access,
         };
         match self.call(&req, &[mem.mem.fd()])? {
             (Reply::Mr { lkey, rkey }, _) => Ok((lkey, rkey)),
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
         }
+    }
+
+    /// `ibv_reg_mr` of `len` bytes of this process's own memory at `addr` (any memory:
+    /// malloc's, the stack, static data), made shareable in place first ([`crate::adopt`]):
+    /// (lkey, rkey).
+    ///
+    /// # Safety
+    /// As [`crate::adopt::adopt`]: the range is this process's memory and no other thread
+    /// writes it while this runs.
+    pub unsafe fn reg_mr_at(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: usize,
+        access: u32,
+    ) -> Result<(u32, u32), ClientError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.reg_mr_at_iova(pd, addr, len, addr as u64, access) }
+    }
+
+    /// [`Context::reg_mr_at`] of a region that work requests name by `iova` instead of its
+    /// address (`ibv_reg_mr_iova2`).
+    ///
+    /// # Safety
+    /// As [`Context::reg_mr_at`].
+    pub unsafe fn reg_mr_at_iova(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: usize,
+        iova: u64,
+        access: u32,
+    ) -> Result<(u32, u32), ClientError> {
+        // SAFETY: the caller's contract is adopt's.
+        let a = unsafe { crate::adopt::adopt(addr, len) }?;
+        if a.pieces.len() > crate::attach::MAX_FDS {
+            return Err(ClientError::Unexpected(format!(
+                "the region spans {} runs of pages adopted apart, more than {} in one message",
+                a.pieces.len(),
+                crate::attach::MAX_FDS
+            )));
+        }
+        let req = Request::RegMr {
+            pd,
+            addr: iova,
+            length: len,
+            offset: a.offset,
+            pieces: a
+                .pieces
+                .iter()
+                .map(|p| crate::proto::PieceMsg {
+                    offset: p.offset,
+                    len: p.len,
+                })
+                .collect(),
+            access,
+        };
+        let fds: Vec<_> = a.pieces.iter().map(|p| p.fd.as_fd()).collect();
+        match self.call(&req, &fds)? {
+            (Reply::Mr { lkey, rkey }, _) => Ok((lkey, rkey)),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_dereg_mr` of the region with local key `lkey`.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), ClientError> {
+        self.done(&Request::DeregMr { lkey })
+    }
+
+    /// `ibv_dealloc_pd`.
+    pub fn dealloc_pd(&self, pd: u32) -> Result<(), ClientError> {
+        self.done(&Request::DeallocPd { pd })
+    }
+
+    /// `ibv_destroy_cq`.
+    pub fn destroy_cq(&self, cq: Cq) -> Result<(), ClientError> {
+        self.destroy_cq_id(cq.cq)
+    }
+
+    /// `ibv_destroy_cq` of CQ `cq` (its ring is the caller's to drop).
+    pub fn destroy_cq_id(&self, cq: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyCq { cq })
     }
 
     /// `ibv_create_cq` of at least `cqe` entries.
@@ -280,10 +416,21 @@ impl Context {
         recv_cq: &Cq,
         caps: QpCapsMsg,
     ) -> Result<Qp, ClientError> {
+        self.create_qp_in(pd, send_cq.cq, recv_cq.cq, caps)
+    }
+
+    /// [`Context::create_qp`] naming the CQs by number.
+    pub fn create_qp_in(
+        &self,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        caps: QpCapsMsg,
+    ) -> Result<Qp, ClientError> {
         let req = Request::CreateQp {
             pd,
-            send_cq: send_cq.cq,
-            recv_cq: recv_cq.cq,
+            send_cq,
+            recv_cq,
             caps,
         };
         match self.call(&req, &[])? {
@@ -313,7 +460,12 @@ impl Context {
 
     /// `ibv_modify_qp`.
     pub fn modify_qp(&self, qp: &Qp, attr: ModifyMsg) -> Result<(), ClientError> {
-        self.done(&Request::ModifyQp { qpn: qp.qpn, attr })
+        self.modify_qp_num(qp.qpn, attr)
+    }
+
+    /// `ibv_modify_qp` of QP `qpn`.
+    pub fn modify_qp_num(&self, qpn: u32, attr: ModifyMsg) -> Result<(), ClientError> {
+        self.done(&Request::ModifyQp { qpn, attr })
     }
 
     /// `ibv_query_qp` of QP `qpn`: (state, send PSN, receive PSN).
@@ -333,7 +485,12 @@ impl Context {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&self, qp: Qp) -> Result<(), ClientError> {
-        self.done(&Request::DestroyQp { qpn: qp.qpn })
+        self.destroy_qp_num(qp.qpn)
+    }
+
+    /// `ibv_destroy_qp` of QP `qpn` (its rings are the caller's to drop).
+    pub fn destroy_qp_num(&self, qpn: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyQp { qpn })
     }
 
     /// The socket, for a caller that waits on it.

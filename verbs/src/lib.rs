@@ -7,6 +7,8 @@
 //!   receive queues (the application produces, the lcore consumes) and of a CQ (the lcore
 //!   produces, the application consumes). Neither side trusts the other's index: a consumer that
 //!   sees more entries than the ring holds reports the ring corrupt instead of reading past it.
+//! - [`adopt`]: the process's own memory (malloc, stack, data) made shareable in place, so that
+//!   `ibv_reg_mr` on it gives roced's lcores the same bytes the program sees.
 //! - [`attach`]: the attach socket's framing: control verbs as length-prefixed JSON messages
 //!   over a Unix stream socket, shared memory's descriptors passed with them (SCM_RIGHTS).
 //! - [`proto`]: the control verbs on that socket and roced's replies.
@@ -21,6 +23,7 @@
 //! accesses to memory another process writes (`ring.rs`), each block with its reason.
 
 pub mod abi;
+pub mod adopt;
 pub mod attach;
 pub mod client;
 pub mod proto;

@@ -18,6 +18,15 @@ pub struct RingPlace {
     pub slot_size: u32,
 }
 
+/// A run of pages in one of a message's memfds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PieceMsg {
+    /// Where it starts in its file (whole pages).
+    pub offset: u64,
+    /// Its bytes (whole pages).
+    pub len: usize,
+}
+
 /// A QP's capacities, as `ibv_qp_cap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpCapsMsg {
@@ -85,8 +94,8 @@ pub enum Request {
         /// The PD.
         pd: u32,
     },
-    /// `ibv_reg_mr` of `length` bytes the application has at `addr`, in the memfd sent with
-    /// this message (offset 0), sealed against shrinking.
+    /// `ibv_reg_mr` of `length` bytes the application has at `addr`, at `offset` in the memfd
+    /// sent with this message, sealed against shrinking.
     RegMr {
         /// Its PD.
         pd: u32,
@@ -94,6 +103,14 @@ pub enum Request {
         addr: u64,
         /// Bytes.
         length: usize,
+        /// Where its first byte is in the memory.
+        #[serde(default)]
+        offset: usize,
+        /// The memory as runs of pages in several memfds, sent in this order, mapped one after
+        /// the other (an application's own memory adopted at different times); empty: one
+        /// memfd, from its start.
+        #[serde(default)]
+        pieces: Vec<PieceMsg>,
         /// `IBV_ACCESS_*` bits: LOCAL_WRITE 1, REMOTE_WRITE 2, REMOTE_READ 4, REMOTE_ATOMIC 8.
         access: u32,
     },
@@ -153,6 +170,12 @@ pub enum Reply {
         device: String,
         /// The GIDs of port 0, in GID table order.
         gids: Vec<String>,
+        /// Port 0's MTU (the IP packets it carries), which bounds a QP's path MTU.
+        #[serde(default)]
+        mtu: u32,
+        /// Port 0's MAC address (the device's GUID is made from it, as rxe's).
+        #[serde(default)]
+        mac: [u8; 6],
     },
     /// A protection domain.
     Pd {

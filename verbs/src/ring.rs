@@ -148,6 +148,8 @@ pub struct Producer {
     head: u32,
     /// The consumer's index when last read.
     tail: u32,
+    /// Entries written after `head` but not yet published ([`Producer::stage`]).
+    staged: u32,
 }
 
 impl Producer {
@@ -160,7 +162,12 @@ impl Producer {
         if head.wrapping_sub(tail) > layout.slots {
             return Err(ring.corrupt(head, tail));
         }
-        Ok(Producer { ring, head, tail })
+        Ok(Producer {
+            ring,
+            head,
+            tail,
+            staged: 0,
+        })
     }
 
     /// Its layout.
@@ -168,10 +175,11 @@ impl Producer {
         self.ring.layout
     }
 
-    /// Free slots, reading the consumer's index again if the last one read left none.
+    /// Free slots (staged entries take theirs), reading the consumer's index again if the last
+    /// one read left none.
     pub fn free(&mut self) -> Result<u32, RingError> {
         let slots = self.ring.layout.slots;
-        if self.head.wrapping_sub(self.tail) == slots {
+        if self.head.wrapping_add(self.staged).wrapping_sub(self.tail) == slots {
             let t = self.ring.index(CONS).load(Ordering::Acquire);
             // The consumer may only have moved forward, and never past what was produced.
             if t.wrapping_sub(self.tail) > slots || self.head.wrapping_sub(t) > slots {
@@ -179,17 +187,47 @@ impl Producer {
             }
             self.tail = t;
         }
-        Ok(slots - self.head.wrapping_sub(self.tail))
+        Ok(slots - self.head.wrapping_add(self.staged).wrapping_sub(self.tail))
     }
 
     /// Copies `entry` into the next slot (the slot's remaining bytes are left as they were) and
-    /// publishes it; `Ok(false)` if the ring is full.
+    /// publishes it, after any staged before it; `Ok(false)` if the ring is full.
     pub fn push(&mut self, entry: &[u8]) -> Result<bool, RingError> {
         // SAFETY: `produce` hands a slot of at least `entry.len()` bytes that is ours until
         // published; the source is a local slice.
-        self.produce(entry.len(), |dst| unsafe {
+        self.produce::<true>(entry.len(), |dst| unsafe {
             core::ptr::copy_nonoverlapping(entry.as_ptr(), dst, entry.len())
         })
+    }
+
+    /// Copies `entry` into the next slot without publishing it: the consumer sees it only at
+    /// the next [`Producer::publish`] (or push), and never if [`Producer::discard`] comes first.
+    /// This is how a batch of work requests is posted all or nothing (`ibv_wr_start` ...
+    /// `ibv_wr_complete`). `Ok(false)` if the ring is full.
+    pub fn stage(&mut self, entry: &[u8]) -> Result<bool, RingError> {
+        // SAFETY: as in `push`.
+        self.produce::<false>(entry.len(), |dst| unsafe {
+            core::ptr::copy_nonoverlapping(entry.as_ptr(), dst, entry.len())
+        })
+    }
+
+    /// Publishes the staged entries.
+    pub fn publish(&mut self) {
+        if self.staged > 0 {
+            self.head = self.head.wrapping_add(self.staged);
+            self.staged = 0;
+            self.ring.index(PROD).store(self.head, Ordering::Release);
+        }
+    }
+
+    /// Forgets the staged entries (their slots are free again).
+    pub fn discard(&mut self) {
+        self.staged = 0;
+    }
+
+    /// Entries staged and not yet published.
+    pub fn staged(&self) -> u32 {
+        self.staged
     }
 
     /// [`Producer::push`] of an entry whose size is known when compiling (a completion entry):
@@ -197,7 +235,7 @@ impl Producer {
     #[inline]
     pub fn push_array<const N: usize>(&mut self, entry: &[u8; N]) -> Result<bool, RingError> {
         // SAFETY: as in `push`, a slot of at least N bytes.
-        self.produce(N, |dst| unsafe {
+        self.produce::<true>(N, |dst| unsafe {
             dst.cast::<[u8; N]>().write_unaligned(*entry)
         })
     }
@@ -206,16 +244,27 @@ impl Producer {
     /// fill the slot (at least `len` bytes, the producer's alone until published: the consumer
     /// reads only slots below the producer's index), then publishes it.
     #[inline]
-    fn produce(&mut self, len: usize, copy: impl FnOnce(*mut u8)) -> Result<bool, RingError> {
+    /// (`PUBLISH`: publish it, with what was staged before it; or stage it.)
+    fn produce<const PUBLISH: bool>(
+        &mut self,
+        len: usize,
+        copy: impl FnOnce(*mut u8),
+    ) -> Result<bool, RingError> {
         if len > self.ring.layout.slot_size as usize {
             return Err(RingError::TooLong(len));
         }
         if self.free()? == 0 {
             return Ok(false);
         }
-        copy(self.ring.slot(self.head));
-        self.head = self.head.wrapping_add(1);
-        self.ring.index(PROD).store(self.head, Ordering::Release);
+        let at = self.head.wrapping_add(self.staged);
+        copy(self.ring.slot(at));
+        if PUBLISH {
+            self.head = at.wrapping_add(1);
+            self.staged = 0;
+            self.ring.index(PROD).store(self.head, Ordering::Release);
+        } else {
+            self.staged += 1;
+        }
         Ok(true)
     }
 
@@ -339,6 +388,37 @@ mod tests {
         assert!(!c.pop(&mut out).unwrap());
         assert_eq!(p.free().unwrap(), 4);
         assert_eq!(p.push(&[0; 17]), Err(RingError::TooLong(17)));
+    }
+
+    #[test]
+    fn staged_entries_are_seen_only_when_published_and_never_when_discarded() {
+        let (mut p, mut c) = ring(4, 8);
+        let mut out = [0u8; 8];
+        assert!(p.stage(&[1; 8]).unwrap());
+        assert!(p.stage(&[2; 8]).unwrap());
+        assert_eq!(p.free().unwrap(), 2, "staged entries hold their slots");
+        assert!(!c.pop(&mut out).unwrap(), "nothing published yet");
+        p.discard();
+        assert_eq!(p.free().unwrap(), 4);
+        assert!(!c.pop(&mut out).unwrap());
+        assert!(p.stage(&[3; 8]).unwrap());
+        assert!(p.stage(&[4; 8]).unwrap());
+        assert!(p.stage(&[5; 8]).unwrap());
+        assert!(p.stage(&[6; 8]).unwrap());
+        assert!(!p.stage(&[7; 8]).unwrap(), "full");
+        p.publish();
+        for i in 3..7u8 {
+            assert!(c.pop(&mut out).unwrap());
+            assert_eq!(out, [i; 8]);
+        }
+        // A push publishes what was staged before it, in order.
+        assert!(p.stage(&[8; 8]).unwrap());
+        assert!(p.push(&[9; 8]).unwrap());
+        assert_eq!(p.staged(), 0);
+        assert!(c.pop(&mut out).unwrap());
+        assert_eq!(out, [8; 8]);
+        assert!(c.pop(&mut out).unwrap());
+        assert_eq!(out, [9; 8]);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum ShmError {
     /// The descriptor's file is not sealed against shrinking (or is not a memfd).
     #[error("the memory is not sealed against shrinking (F_SEAL_SHRINK): refused")]
     NotSealed,
+    /// A piece that is not whole pages.
+    #[error("pieces of shared memory must be whole pages")]
+    Misaligned,
     /// The file is shorter than asked.
     #[error("the memory holds {have} bytes, {want} asked")]
     TooShort {
@@ -106,6 +109,70 @@ impl SharedMem {
         Ok(SharedMem { ptr, len, fd })
     }
 
+    /// Maps several memfds' pages one after the other as one range: `pieces` are (descriptor,
+    /// offset in its file, bytes), offsets and lengths whole pages. This is how a region of an
+    /// application's memory that spans pages adopted at different times ([`crate::adopt`]) is
+    /// seen whole. Each file must be sealed against shrinking and long enough for its piece.
+    pub fn map_pieces(pieces: &[(BorrowedFd<'_>, u64, usize)]) -> Result<SharedMem, ShmError> {
+        let page = rustix::param::page_size();
+        let mut total = 0usize;
+        for &(fd, off, len) in pieces {
+            if len == 0 || !len.is_multiple_of(page) || !(off as usize).is_multiple_of(page) {
+                return Err(ShmError::Misaligned);
+            }
+            let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| ShmError::NotSealed)?;
+            if !seals.contains(SealFlags::SHRINK) {
+                return Err(ShmError::NotSealed);
+            }
+            let have = rustix::fs::fstat(fd).map_err(os("fstat"))?.st_size as u64;
+            let want = off.checked_add(len as u64).ok_or(ShmError::Misaligned)?;
+            if have < want {
+                return Err(ShmError::TooShort {
+                    have,
+                    want: want as usize,
+                });
+            }
+            total = total.checked_add(len).ok_or(ShmError::Misaligned)?;
+        }
+        let Some(&(first, ..)) = pieces.first() else {
+            return Err(ShmError::Empty);
+        };
+        // SAFETY: a fresh reservation chosen by the kernel, replaced piece by piece below.
+        let base = unsafe {
+            rustix::mm::mmap_anonymous(
+                core::ptr::null_mut(),
+                total,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(os("mmap"))? as *mut u8;
+        let mem = SharedMem {
+            // SAFETY: mmap does not return NULL on success.
+            ptr: unsafe { NonNull::new_unchecked(base) },
+            len: total,
+            fd: rustix::io::fcntl_dupfd_cloexec(first, 0).map_err(os("dup"))?,
+        };
+        let mut at = 0;
+        for &(fd, off, len) in pieces {
+            // SAFETY: replaces `len` bytes of our own reservation (inside it: the lengths sum to
+            // `total`) with a shared mapping of a file that cannot shrink below `off + len`.
+            unsafe {
+                rustix::mm::mmap(
+                    base.add(at).cast(),
+                    len,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED,
+                    fd,
+                    off,
+                )
+            }
+            .map_err(os("mmap"))?;
+            at += len;
+        }
+        Ok(mem)
+    }
+
     /// The first byte of the mapping.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -129,7 +196,7 @@ impl SharedMem {
 
 impl Drop for SharedMem {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, of this length, unmapped once; the rings that
+        // SAFETY: the mapping made in `map` or `map_pieces`, of this length, unmapped once; the rings that
         // point into it hold an `Arc` of this value, so none is left.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) };
     }

@@ -436,6 +436,16 @@ impl Rdma {
         }
     }
 
+    /// Port `port`'s MTU (1500 unless the node said otherwise).
+    pub fn port_mtu(&self, port: usize) -> u16 {
+        self.mtus.get(port).copied().unwrap_or(1500)
+    }
+
+    /// Port `port`'s MAC address.
+    pub fn mac(&self, port: usize) -> Option<MacAddr> {
+        self.macs.get(port).copied()
+    }
+
     /// Port `port`'s GID table (empty for a port without one).
     pub fn gids(&self, port: usize) -> Vec<std::net::Ipv6Addr> {
         self.gids.get(port).cloned().unwrap_or_default()
