@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ferroce needs on a fresh Debian 12 and prepares the machine (root):
 # DPDK 22.11 and its headers, libclang for bindgen, iproute2/ping for the integration tests,
+# libibverbs-dev (the verbs.h the compatibility library is generated from), ibverbs-utils and
+# perftest (the unmodified tools its tests run) and gcc (for the C verbs program they build),
 # tshark and scapy for the wire cross-checks, schemathesis for the API fuzzing, DejaVu fonts for the benchmark plots, Prometheus
 # and promtool for the /metrics tests (which start their own server on 127.0.0.1:7549; where
 # systemd runs, Debian also starts its packaged one on :9090, unused by ferroce), 2 MiB
@@ -8,7 +10,7 @@
 # on /dev/hugepages. Idempotent.
 set -euo pipefail
 
-PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus)
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev ibverbs-utils perftest gcc)
 HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
 
 if [ "$(id -u)" != 0 ]; then

@@ -1,0 +1,223 @@
+//! Unmodified RDMA programs on ferroce (issue 21): Debian's own `ibv_devices`, `ibv_devinfo`,
+//! `ibv_rc_pingpong` and perftest binaries, with libferroce_ibverbs.so on LD_PRELOAD, each on
+//! node A against the same tool on node B (two roced nodes joined by memif); and a C program
+//! built here against <infiniband/verbs.h> that drives the extended work-request API and
+//! `ibv_post_send` with every byte checked.
+//!
+//! On a 2-CPU machine the tools share the CPUs with the two nodes' lcores, all of them polling:
+//! the latencies they print are the scheduler's (milliseconds), not ferroce's. What is asserted
+//! is that each tool runs to the end, exits 0 and prints its figures.
+
+mod common;
+use common::rdma::*;
+use common::tmpdir;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The compatibility library, built beside this test as a dependency.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    for d in [deps, deps.parent().unwrap()] {
+        let p = d.join("libferroce_ibverbs.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libferroce_ibverbs.so not found beside {}", exe.display());
+}
+
+fn tool(name: &str, socket: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(name);
+    c.args(args)
+        .env("LD_PRELOAD", library())
+        .env("FERROCE_SOCKET", socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// True once something listens on TCP `port` (read from /proc, so that no probe connection
+/// reaches the server, which would take it for its client).
+fn listening(port: u16) -> bool {
+    let hex = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(hex.trim_end()) && f[3] == "0A"
+            })
+        })
+    })
+}
+
+fn wait_output(mut c: Child, limit: Duration, what: &str) -> Output {
+    let t = Instant::now();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            return c.wait_with_output().unwrap();
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            panic!("{what} did not finish in {limit:?}:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `name args` as server on B and as client on A (connecting to 127.0.0.1 on `port`):
+/// both outputs, after checking both exited 0.
+fn pair(socks: &[String; 2], name: &str, args: &[&str], port: u16) -> (String, String) {
+    let p = port.to_string();
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["-p", &p]);
+    let server = tool(name, &socks[1], &a).spawn().unwrap();
+    let t = Instant::now();
+    while !listening(port) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{name} {args:?}: the server never listened on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut ca = a.clone();
+    ca.push("127.0.0.1");
+    let client = tool(name, &socks[0], &ca).spawn().unwrap();
+    let what = format!("{name} {args:?}");
+    let c = wait_output(client, Duration::from_secs(120), &what);
+    let s = wait_output(server, Duration::from_secs(30), &what);
+    let (ct, st) = (text(&c), text(&s));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{what}: client {:?}, server {:?}\n-- client:\n{ct}\n-- server:\n{st}",
+        c.status,
+        s.status
+    );
+    (ct, st)
+}
+
+/// perftest's result line for `size`: the numbers after it.
+fn figures(out: &str, size: u32) -> Vec<f64> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&size.to_string().as_str()) && f.len() > 3)
+        .unwrap_or_else(|| panic!("no result line for {size} B in:\n{out}"))
+        .iter()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
+#[test]
+fn unmodified_rdma_tools_run_on_ferroce_through_the_compatibility_library() {
+    for t in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] {
+        assert!(
+            Command::new("sh")
+                .args(["-c", &format!("command -v {t} >/dev/null")])
+                .status()
+                .unwrap()
+                .success(),
+            "{t} is not installed (scripts/setup.sh installs ibverbs-utils and perftest)"
+        );
+    }
+    let n = memif_nodes("ibvtools", 7650);
+    let pid = std::process::id();
+    let socks = [
+        format!("/run/ferroce/ferroce-ribvtools-a-{pid}.sock"),
+        format!("/run/ferroce/ferroce-ribvtools-b-{pid}.sock"),
+    ];
+
+    // The devices, as rxe shows them: one port, active, Ethernet, the GID table with the
+    // link-local GID, the IPv4-mapped one and the IPv6 one, all RoCE v2.
+    let both = format!("{}:{}", socks[0], socks[1]);
+    let o = tool("ibv_devices", &both, &[]).output().unwrap();
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("ferroce0") && t.contains("ferroce1"),
+        "{t}"
+    );
+    let o = tool("ibv_devinfo", &socks[0], &["-v"]).output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "hca_id:\tferroce0",
+        "PORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "active_mtu:",
+        "GID[  1]:\t\t::ffff:10.89.0.1, RoCE v2",
+        "GID[  2]:\t\tfd89::1, RoCE v2",
+    ] {
+        assert!(t.contains(want), "ibv_devinfo -v lacks {want:?}:\n{t}");
+    }
+    assert!(t.contains("GID[  0]:\t\tfe80::"), "{t}");
+
+    // The C program: the extended work-request API and ibv_post_send, every byte checked.
+    let dir = tmpdir("ibvtools-c");
+    let exe = dir.join("wr_api");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ibverbs/tests/c/wr_api.c");
+    let cc = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "gcc: {}", text(&cc));
+    let o = tool(exe.to_str().unwrap(), &both, &[]).output().unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("ok"),
+        "wr_api: {}",
+        text(&o)
+    );
+
+    // ibv_rc_pingpong, data checked (-c), over the IPv4 GID and the IPv6 one.
+    for (gid, size) in [("1", "4096"), ("2", "65536")] {
+        let (c, s) = pair(
+            &socks,
+            "ibv_rc_pingpong",
+            &["-g", gid, "-c", "-n", "50", "-s", size],
+            19811,
+        );
+        for out in [&c, &s] {
+            assert!(out.contains("50 iters in"), "{out}");
+        }
+    }
+
+    // perftest, with its default options but the GID index (RoCE needs one), 64 B and 1 MiB.
+    let mut port = 19820;
+    for (name, sizes, iters) in [
+        ("ib_write_bw", &[64u32, 1 << 20][..], "200"),
+        ("ib_read_bw", &[64, 1 << 20], "200"),
+        ("ib_send_bw", &[64, 1 << 20], "200"),
+        ("ib_atomic_bw", &[8], "200"),
+        ("ib_write_lat", &[8, 65536], "100"),
+        ("ib_read_lat", &[8, 65536], "100"),
+        ("ib_send_lat", &[8, 65536], "100"),
+    ] {
+        for &size in sizes {
+            port += 1;
+            let s = size.to_string();
+            let mut args = vec!["-x", "1", "-n", iters];
+            if name != "ib_atomic_bw" {
+                args.extend(["-s", &s]);
+            }
+            let (c, _) = pair(&socks, name, &args, port);
+            let f = figures(&c, size);
+            assert!(
+                f.len() >= 3 && f[1] > 0.0 && f[2] > 0.0,
+                "{name} -s {size}: {f:?}\n{c}"
+            );
+        }
+    }
+    drop(n);
+}
