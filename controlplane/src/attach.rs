@@ -17,6 +17,7 @@ use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
 use dataplane::transport::rc::QpCaps;
 use rustix::fd::{AsFd, OwnedFd};
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -307,7 +308,26 @@ impl Session {
                 self.mrs.retain(|&k| k != lkey);
                 done(Reply::Done)
             }
-            Request::CreateCq { cqe } => {
+            Request::CreateCq { cqe, channel } => {
+                let event = if channel {
+                    let fd = fds.pop().ok_or_else(|| {
+                        refusal("no_channel", "a CQ with a channel comes with its eventfd")
+                    })?;
+                    // The lcore writes it: anything that could block (a full pipe, a socket)
+                    // would stall every QP of the lcore.
+                    let what = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    if what != "anon_inode:[eventfd]" {
+                        return Err(refusal(
+                            "bad_channel",
+                            format!("a completion channel is an eventfd, not {what:?}"),
+                        ));
+                    }
+                    Some(fd)
+                } else {
+                    None
+                };
                 let l = layout(cqe, CQE_BYTES)?;
                 let mem = Arc::new(
                     SharedMem::create("ferroce-cq", l.bytes())
@@ -315,7 +335,7 @@ impl Session {
                 );
                 let ring = Producer::new(mem.clone(), 0, l)
                     .map_err(|e| refusal("internal", e.to_string()))?;
-                let (lcore, n) = rdma.add_app_cq(None, ring).map_err(from_rdma)?;
+                let (lcore, n) = rdma.add_app_cq(None, ring, event).map_err(from_rdma)?;
                 let cq = self.next_cq;
                 self.next_cq += 1;
                 self.cqs.insert(cq, (lcore, n));

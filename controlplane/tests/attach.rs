@@ -68,6 +68,12 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
         "a write past the memory is refused"
     );
     let (lkey, _) = ctx.reg_mr(pd, &mem, 0xf).unwrap();
+    // A completion channel must be an eventfd (the lcore writes it; a pipe could block it).
+    let (r, _w) = rustix::pipe::pipe().unwrap();
+    match ctx.create_cq_with(8, Some(rustix::fd::AsFd::as_fd(&r))) {
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, "bad_channel"),
+        other => panic!("a pipe as a channel: {other:?}"),
+    }
     let mut cq = ctx.create_cq(64).unwrap();
     let caps = QpCapsMsg {
         max_send_wr: 16,

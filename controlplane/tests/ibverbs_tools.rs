@@ -180,14 +180,18 @@ fn unmodified_rdma_tools_run_on_ferroce_through_the_compatibility_library() {
         text(&o)
     );
 
-    // ibv_rc_pingpong, data checked (-c), over the IPv4 GID and the IPv6 one.
-    for (gid, size) in [("1", "4096"), ("2", "65536")] {
-        let (c, s) = pair(
-            &socks,
-            "ibv_rc_pingpong",
-            &["-g", gid, "-c", "-n", "50", "-s", size],
-            19811,
-        );
+    // ibv_rc_pingpong, data checked (-c), over the IPv4 GID and the IPv6 one, polling and
+    // sleeping on completion events (-e).
+    for (gid, size, events) in [
+        ("1", "4096", false),
+        ("2", "65536", false),
+        ("1", "4096", true),
+    ] {
+        let mut args = vec!["-g", gid, "-c", "-n", "50", "-s", size];
+        if events {
+            args.push("-e");
+        }
+        let (c, s) = pair(&socks, "ibv_rc_pingpong", &args, 19811);
         for out in [&c, &s] {
             assert!(out.contains("50 iters in"), "{out}");
         }
@@ -203,13 +207,21 @@ fn unmodified_rdma_tools_run_on_ferroce_through_the_compatibility_library() {
         ("ib_write_lat", &[8, 65536], "100"),
         ("ib_read_lat", &[8, 65536], "100"),
         ("ib_send_lat", &[8, 65536], "100"),
+        // With completion events (perftest offers -e for SEND and READ only).
+        ("ib_send_bw -e", &[64, 1 << 20], "200"),
+        ("ib_read_bw -e", &[64], "200"),
+        ("ib_send_lat -e", &[8], "100"),
     ] {
         for &size in sizes {
             port += 1;
             let s = size.to_string();
+            let (name, events) = name.split_once(' ').unwrap_or((name, ""));
             let mut args = vec!["-x", "1", "-n", iters];
             if name != "ib_atomic_bw" {
                 args.extend(["-s", &s]);
+            }
+            if !events.is_empty() {
+                args.push(events);
             }
             let (c, _) = pair(&socks, name, &args, port);
             let f = figures(&c, size);

@@ -133,6 +133,17 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// Arms the CQ (`ibv_req_notify_cq`): roced writes its channel's eventfd at the next
+    /// completion. Poll once more after arming.
+    pub fn arm(&self) {
+        self.ring.arm();
+    }
+
+    /// True while armed and not yet notified.
+    pub fn armed(&self) -> bool {
+        self.ring.armed()
+    }
+
     /// The next completion, if there is one.
     pub fn poll_one(&mut self) -> Result<Option<Cqe>, ClientError> {
         let mut b = [0u8; abi::CQE_BYTES];
@@ -396,7 +407,22 @@ impl Context {
 
     /// `ibv_create_cq` of at least `cqe` entries.
     pub fn create_cq(&self, cqe: u32) -> Result<Cq, ClientError> {
-        match self.call(&Request::CreateCq { cqe }, &[])? {
+        self.create_cq_with(cqe, None)
+    }
+
+    /// [`Context::create_cq`] with a completion channel: `event`, an eventfd, is written when
+    /// a completion arrives on the CQ while it is armed ([`Cq::arm`]).
+    pub fn create_cq_with(
+        &self,
+        cqe: u32,
+        event: Option<rustix::fd::BorrowedFd<'_>>,
+    ) -> Result<Cq, ClientError> {
+        let req = Request::CreateCq {
+            cqe,
+            channel: event.is_some(),
+        };
+        let fds: Vec<_> = event.into_iter().collect();
+        match self.call(&req, &fds)? {
             (Reply::Cq { cq, bytes, ring }, mut fds) if fds.len() == 1 => {
                 let mem = Arc::new(SharedMem::map(fds.remove(0), bytes)?);
                 Ok(Cq {

@@ -119,10 +119,15 @@ pub enum Request {
         /// Its local key.
         lkey: u32,
     },
-    /// `ibv_create_cq` of at least `cqe` entries: the reply carries the ring's memory.
+    /// `ibv_create_cq` of at least `cqe` entries: the reply carries the ring's memory. With a
+    /// completion channel, its eventfd comes with this message: roced writes it when a
+    /// completion arrives on the armed CQ.
     CreateCq {
         /// Entries.
         cqe: u32,
+        /// An eventfd comes with the message.
+        #[serde(default)]
+        channel: bool,
     },
     /// `ibv_destroy_cq`.
     DestroyCq {

@@ -24,6 +24,9 @@ use std::sync::Arc;
 pub const HEADER: usize = 128;
 const PROD: usize = 0;
 const CONS: usize = 64;
+/// The consumer's request to be told of the next entry (a CQ armed by `ibv_req_notify_cq`),
+/// beside its index: written by the consumer, taken (cleared) by the producer.
+const ARM: usize = CONS + 4;
 
 /// How a ring is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,6 +271,16 @@ impl Producer {
         Ok(true)
     }
 
+    /// True, once, if the consumer armed the ring ([`Consumer::arm`]) since it was last
+    /// taken: call it after publishing entries; true means the consumer may be asleep and
+    /// must be told. (The fence pairs with the consumer's: either it sees the entries
+    /// published before it armed, or this sees it armed.)
+    pub fn take_arm(&self) -> bool {
+        core::sync::atomic::fence(Ordering::SeqCst);
+        let a = self.ring.index(ARM);
+        a.load(Ordering::Relaxed) != 0 && a.swap(0, Ordering::AcqRel) != 0
+    }
+
     /// Entries produced so far.
     pub fn produced(&self) -> u32 {
         self.head
@@ -352,6 +365,18 @@ impl Consumer {
         Ok(true)
     }
 
+    /// Asks the producer to tell the next entry it publishes (see [`Producer::take_arm`]);
+    /// poll once more after this, for the entries published before it.
+    pub fn arm(&self) {
+        self.ring.index(ARM).store(1, Ordering::Relaxed);
+        core::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// True while armed and not yet taken by the producer.
+    pub fn armed(&self) -> bool {
+        self.ring.index(ARM).load(Ordering::Acquire) != 0
+    }
+
     /// Entries consumed so far.
     pub fn consumed(&self) -> u32 {
         self.tail
@@ -419,6 +444,18 @@ mod tests {
         assert_eq!(out, [8; 8]);
         assert!(c.pop(&mut out).unwrap());
         assert_eq!(out, [9; 8]);
+    }
+
+    #[test]
+    fn an_armed_ring_is_taken_once() {
+        let (mut p, c) = ring(4, 8);
+        assert!(!p.take_arm(), "not armed");
+        c.arm();
+        assert!(c.armed());
+        assert!(p.push(&[1; 8]).unwrap());
+        assert!(p.take_arm());
+        assert!(!c.armed(), "taken");
+        assert!(!p.take_arm(), "once");
     }
 
     #[test]

@@ -195,8 +195,8 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
     let scq = Producer::new(mem.clone(), at[2], cq).expect("ring");
     let rcq = Producer::new(mem, at[3], cq).expect("ring");
     two.call(0, move |h, _| {
-        let send_cq = h.apps.add_cq(scq);
-        let recv_cq = h.apps.add_cq(rcq);
+        let send_cq = h.apps.add_cq(scq, None);
+        let recv_cq = h.apps.add_cq(rcq, None);
         h.apps.attach(
             &mut h.dev,
             AppQueues {

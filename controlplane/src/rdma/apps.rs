@@ -27,18 +27,20 @@ impl Rdma {
         self.register(pd, addr, length, mem, access)
     }
 
-    /// Hands a CQ's completion ring to an lcore (`lcore`, or the one with fewest QPs): the
-    /// lcore and the ring's number there.
+    /// Hands a CQ's completion ring to an lcore (`lcore`, or the one with fewest QPs), with
+    /// the eventfd of its completion channel if it has one: the lcore and the ring's number
+    /// there.
     pub fn add_app_cq(
         &self,
         lcore: Option<usize>,
         ring: Producer,
+        event: Option<std::os::fd::OwnedFd>,
     ) -> Result<(usize, u32), RdmaError> {
         let l = {
             let qps = self.qps.lock().expect("qp table");
             self.pick_lcore(lcore, &qps)?
         };
-        let n = self.ask(l, move |h, _| h.apps.add_cq(ring))?;
+        let n = self.ask(l, move |h, _| h.apps.add_cq(ring, event))?;
         Ok((l, n))
     }
 

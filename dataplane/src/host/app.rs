@@ -85,6 +85,13 @@ struct AppQp {
     broken: bool,
 }
 
+/// A completion ring, and the eventfd of its completion channel.
+#[derive(Debug)]
+struct AppCq {
+    ring: Producer,
+    event: Option<std::os::fd::OwnedFd>,
+}
+
 /// The shard's application QPs and the completion rings they complete into. A CQ's ring has one
 /// producer, this lcore: every QP completing into it lives here (as the node places QPs on
 /// the lcore of their CQs).
@@ -92,7 +99,7 @@ struct AppQp {
 pub struct Apps {
     qps: Vec<AppQp>,
     /// Completion rings by number (None: a freed number).
-    cqs: Vec<Option<Producer>>,
+    cqs: Vec<Option<AppCq>>,
     /// A private copy of the slot being decoded.
     slot: Box<[u8; MAX_SLOT]>,
     /// What they did.
@@ -111,15 +118,18 @@ impl Default for Apps {
 }
 
 impl Apps {
-    /// Takes a completion ring the application reads; its number for [`AppQueues`].
-    pub fn add_cq(&mut self, ring: Producer) -> u32 {
+    /// Takes a completion ring the application reads, and the eventfd of its completion
+    /// channel (written when a completion arrives while the application has armed the ring);
+    /// its number for [`AppQueues`].
+    pub fn add_cq(&mut self, ring: Producer, event: Option<std::os::fd::OwnedFd>) -> u32 {
+        let cq = AppCq { ring, event };
         match self.cqs.iter().position(Option::is_none) {
             Some(i) => {
-                self.cqs[i] = Some(ring);
+                self.cqs[i] = Some(cq);
                 i as u32
             }
             None => {
-                self.cqs.push(Some(ring));
+                self.cqs.push(Some(cq));
                 self.cqs.len() as u32 - 1
             }
         }
@@ -139,6 +149,7 @@ impl Apps {
         self.cqs
             .get_mut(cq as usize)
             .and_then(Option::take)
+            .map(|c| c.ring)
             .ok_or(AppError::NoCq(cq))
     }
 
@@ -218,7 +229,7 @@ fn take<const SEND: bool>(
     dev: &mut Device,
     a: &mut AppQp,
     slot: &mut [u8],
-    cqs: &mut [Option<Producer>],
+    cqs: &mut [Option<AppCq>],
     c: &mut AppCounters,
     now: Instant,
 ) {
@@ -292,7 +303,7 @@ struct Done {
 fn complete_now(
     dev: &mut Device,
     a: &mut AppQp,
-    cqs: &mut [Option<Producer>],
+    cqs: &mut [Option<AppCq>],
     c: &mut AppCounters,
     d: &Done,
     status: WcStatus,
@@ -311,6 +322,7 @@ fn complete_now(
     let cq = if d.send { a.q.send_cq } else { a.q.recv_cq };
     if push(cqs, cq, &wc) {
         c.completions += 1;
+        notify(cqs, cq);
     }
 }
 
@@ -350,20 +362,46 @@ fn to_err(dev: &mut Device, qpn: u32) {
 }
 
 /// Writes `wc` into completion ring `cq`; false if it is full (or gone, or broken).
-fn push(cqs: &mut [Option<Producer>], cq: u32, wc: &WorkCompletion) -> bool {
+fn push(cqs: &mut [Option<AppCq>], cq: u32, wc: &WorkCompletion) -> bool {
     match cqs.get_mut(cq as usize) {
-        Some(Some(ring)) => matches!(ring.push_array(&cqe(wc).encode()), Ok(true)),
+        Some(Some(c)) => matches!(c.ring.push_array(&cqe(wc).encode()), Ok(true)),
         _ => false,
     }
 }
 
 /// Moves the QP's completions into its completion rings while they have room.
-fn complete(dev: &mut Device, a: &mut AppQp, cqs: &mut [Option<Producer>], c: &mut AppCounters) {
+fn complete(dev: &mut Device, a: &mut AppQp, cqs: &mut [Option<AppCq>], c: &mut AppCounters) {
     for (send, cq) in [(true, a.q.send_cq), (false, a.q.recv_cq)] {
         let n = dev
             .take_completions(a.q.qpn, send, |wc| push(cqs, cq, wc))
             .unwrap_or(0);
-        c.completions += n as u64;
+        if n > 0 {
+            c.completions += n as u64;
+            notify(cqs, cq);
+        }
+    }
+}
+
+/// Tells the application of new completions on ring `cq` if it armed the ring and gave a
+/// channel: one write of its eventfd. This is the one system call of the lcore's path, made
+/// only for an application that asked to sleep until its next completion (as a NIC raises an
+/// interrupt only for an armed CQ); a polling application never arms.
+#[cold]
+fn notify_armed(c: &AppCq) {
+    if let Some(fd) = &c.event {
+        // An eventfd write adds to its counter; it would block only past 2^64 - 2 events.
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a local array to a descriptor we own.
+        let _ = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(fd), one.as_ptr().cast(), 8) };
+    }
+}
+
+fn notify(cqs: &[Option<AppCq>], cq: u32) {
+    if let Some(Some(c)) = cqs.get(cq as usize)
+        && c.event.is_some()
+        && c.ring.take_arm()
+    {
+        notify_armed(c);
     }
 }
 

@@ -312,7 +312,7 @@ mod app_rings {
     pub(super) fn attach(host: &HostControl, qpn: u32) -> App {
         let (app, q, cq) = rings(qpn);
         ask(host, move |h, _| {
-            let n = h.apps.add_cq(cq);
+            let n = h.apps.add_cq(cq, None);
             h.apps.attach(
                 &mut h.dev,
                 AppQueues {
