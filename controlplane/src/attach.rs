@@ -13,7 +13,7 @@ use crate::state::ApiState;
 use dataplane::cc::{CcKind, DcqcnParams};
 use dataplane::host::AppQueues;
 use dataplane::transport::mr::Access;
-use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState};
+use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use rustix::fd::{AsFd, OwnedFd};
 use std::collections::BTreeMap;
@@ -141,6 +141,8 @@ struct Session {
     cqs: BTreeMap<u32, (usize, u32)>,
     next_cq: u32,
     qps: Vec<u32>,
+    /// Its address handles (numbers roced gave).
+    ahs: Vec<u32>,
 }
 
 fn session(rdma: &Rdma, sock: UnixStream) {
@@ -365,11 +367,27 @@ impl Session {
                 self.cqs.remove(&cq);
                 done(Reply::Done)
             }
+            Request::CreateAh { pd, gid } => {
+                self.owns_pd(pd)?;
+                let gid = parse_gid(&gid).map_err(from_rdma)?;
+                let ah = rdma.add_app_ah(pd, gid).map_err(from_rdma)?;
+                self.ahs.push(ah);
+                done(Reply::Ah { ah })
+            }
+            Request::DestroyAh { ah } => {
+                if !self.ahs.contains(&ah) {
+                    return Err(refusal("not_found", format!("no address handle {ah}")));
+                }
+                rdma.remove_app_ah(ah);
+                self.ahs.retain(|&a| a != ah);
+                done(Reply::Done)
+            }
             Request::CreateQp {
                 pd,
                 send_cq,
                 recv_cq,
                 caps,
+                ud,
             } => {
                 self.owns_pd(pd)?;
                 let cq = |c: u32| {
@@ -401,6 +419,7 @@ impl Session {
                     max_send_sge: caps.max_send_sge,
                     max_recv_sge: caps.max_recv_sge,
                     max_inline_data: caps.max_inline_data,
+                    qp_type: if ud { QpType::Ud } else { QpType::Rc },
                     ..QpCaps::default()
                 };
                 let placement = crate::rdma::QpPlacement {
@@ -428,6 +447,7 @@ impl Session {
                         rq: Consumer::new(mem.clone(), rq_at, rq).map_err(|e| e.to_string())?,
                         send_cq: sn,
                         recv_cq: rn,
+                        pd,
                     };
                     let fd = mem.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
                     Ok::<_, String>((q, fd))
@@ -495,6 +515,9 @@ impl Session {
         for (lcore, n) in self.cqs.values() {
             let _ = rdma.remove_app_cq(*lcore, *n);
         }
+        for a in &self.ahs {
+            rdma.remove_app_ah(*a);
+        }
         for k in &self.mrs {
             let _ = rdma.dereg_mr(*k);
         }
@@ -561,7 +584,7 @@ fn qp_attr(m: &ModifyMsg) -> Result<QpAttr, Reply> {
         max_rd_atomic: m.max_rd_atomic,
         max_dest_rd_atomic: m.max_dest_rd_atomic,
         path,
-        qkey: None,
+        qkey: m.qkey,
     })
 }
 

@@ -171,9 +171,46 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
         r => panic!("another application's QP answered: {r:?}"),
     }
 
+    // A UD QP may send only through address handles of its own PD: another application's
+    // handle (a number valid on the lcore) gives an error completion, and nothing is sent.
+    let other_pd = other.alloc_pd().unwrap();
+    let theirs_ah = other.create_ah(other_pd, &n.gids[1].0).unwrap();
+    let mut ucq = ctx.create_cq(8).unwrap();
+    let mut ud = ctx.create_qp_in(pd, ucq.cq, ucq.cq, caps, true).unwrap();
+    for (state, qkey, sq_psn) in [
+        ("INIT", Some(0x1111), None),
+        ("RTR", None, None),
+        ("RTS", None, Some(1)),
+    ] {
+        let m = ModifyMsg {
+            state: state.into(),
+            qkey,
+            sq_psn,
+            ..base()
+        };
+        ctx.modify_qp(&ud, m).unwrap();
+    }
+    let mut w = wqe(30, WrOpcode::Send, lkey, mem.addr(), 64, 0, 0);
+    w.ud = UdTarget {
+        remote_qpn: 2,
+        qkey: 0x1111,
+        ah: theirs_ah,
+    };
+    assert!(ud.post_send(&w).unwrap());
+    let c = wait_one(&mut ucq);
+    assert_eq!(
+        (c.wr_id, c.status),
+        (30, 2),
+        "another PD's address handle: {c:?}"
+    );
+    assert!(
+        ctx.create_ah(pd, "192.0.2.77").is_err(),
+        "an address handle toward a GID with no route is refused"
+    );
+
     // When the application goes, what it made goes within a second.
     let qpa = qp.qpn;
-    drop((qp, cq, ctx));
+    drop((qp, ud, ucq, cq, ctx));
     let t = Instant::now();
     loop {
         let (status, _) = n.api[0].get(&format!("/v1/qps/{qpa}"));

@@ -41,6 +41,7 @@ struct Building {
     swap: u64,
     sg: ArrayVec<abi::Sge, MAX_SGE>,
     inline: ArrayVec<u8, MAX_INLINE>,
+    ud: UdTarget,
 }
 
 impl Building {
@@ -56,6 +57,7 @@ impl Building {
             swap: 0,
             sg: ArrayVec::new(),
             inline: ArrayVec::new(),
+            ud: UdTarget::default(),
         }
     }
 
@@ -69,7 +71,7 @@ impl Building {
             rkey: self.rkey,
             compare_add: self.compare_add,
             swap: self.swap,
-            ud: UdTarget::default(),
+            ud: self.ud,
             sg: self.sg.clone(),
             inline: &self.inline,
         }
@@ -96,6 +98,7 @@ impl Building {
 
 struct Inner {
     qp: verbs::client::Qp,
+    ud: bool,
     cap: ibv_qp_cap,
     sig_all: bool,
     /// The attributes applied so far (what `ibv_query_qp` shows, with roced's state and PSNs).
@@ -154,11 +157,11 @@ fn create(
     let (_, x) = pd(p)?;
     // SAFETY: `p` was checked by `pd`.
     let pdn = unsafe { (*p).handle };
-    if qp_type != ibv_qp_type::IBV_QPT_RC {
-        return Err(Fail::unsupported(&format!(
-            "QP type {qp_type} (RC is; UD comes next)"
-        )));
-    }
+    let ud = match qp_type {
+        ibv_qp_type::IBV_QPT_RC => false,
+        ibv_qp_type::IBV_QPT_UD => true,
+        t => return Err(Fail::unsupported(&format!("QP type {t} (RC and UD are)"))),
+    };
     if !srq.is_null() {
         return Err(Fail::unsupported("a shared receive queue"));
     }
@@ -182,7 +185,7 @@ fn create(
         max_recv_sge: cap.max_recv_sge.max(1),
         max_inline_data: cap.max_inline_data,
     };
-    let q = x.with(|c| c.create_qp_in(pdn, s.id(), r.id(), caps))?;
+    let q = x.with(|c| c.create_qp_in(pdn, s.id(), r.id(), caps, ud))?;
     let (sd, rd) = q.depths();
     cap.max_send_wr = sd;
     cap.max_recv_wr = rd;
@@ -210,6 +213,7 @@ fn create(
         ex,
         inner: Mutex::new(Inner {
             qp: q,
+            ud,
             cap: *cap,
             sig_all: sq_sig_all != 0,
             attr,
@@ -415,6 +419,7 @@ pub extern "C" fn ibv_modify_qp(q: *mut ibv_qp, a: *mut ibv_qp_attr, mask: c_int
         m.min_rnr_timer = opt8(IBV_QP_MIN_RNR_TIMER, a.min_rnr_timer);
         m.max_rd_atomic = opt8(IBV_QP_MAX_QP_RD_ATOMIC, a.max_rd_atomic);
         m.max_dest_rd_atomic = opt8(IBV_QP_MAX_DEST_RD_ATOMIC, a.max_dest_rd_atomic);
+        m.qkey = opt(IBV_QP_QKEY, a.qkey);
         let num = p.num();
         x.with(|c| c.modify_qp_num(num, m))?;
         // Applied: remember what a query shows.
@@ -431,6 +436,9 @@ pub extern "C" fn ibv_modify_qp(q: *mut ibv_qp, a: *mut ibv_qp_attr, mask: c_int
         }
         if has(IBV_QP_DEST_QPN) {
             c.dest_qp_num = a.dest_qp_num;
+        }
+        if has(IBV_QP_QKEY) {
+            c.qkey = a.qkey;
         }
         if has(IBV_QP_TIMEOUT) {
             c.timeout = a.timeout;
@@ -545,6 +553,14 @@ fn building_of(w: &ibv_send_wr, g: &Inner) -> Res<Building> {
                 b.swap = w.wr.atomic.swap;
             }
             _ => {}
+        }
+        if g.ud {
+            let u = w.wr.ud;
+            b.ud = UdTarget {
+                remote_qpn: u.remote_qpn,
+                qkey: u.remote_qkey,
+                ah: ah(u.ah)?.ah.handle,
+            };
         }
     }
     let n = w.num_sge.max(0) as usize;
@@ -866,8 +882,15 @@ unsafe extern "C" fn wr_set_inline_data_list(
     });
 }
 
-unsafe extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, _ah: *mut ibv_ah, _qpn: u32, _qkey: u32) {
-    with_current(q, |_, _| Err(Fail::unsupported("UD addressing")));
+unsafe extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, a: *mut ibv_ah, qpn: u32, qkey: u32) {
+    with_current(q, |b, _| {
+        b.ud = UdTarget {
+            remote_qpn: qpn,
+            qkey,
+            ah: ah(a)?.ah.handle,
+        };
+        Ok(())
+    });
 }
 
 fn fill_wr_ops(ex: &mut ibv_qp_ex) {
@@ -907,11 +930,48 @@ pub extern "C" fn ibv_destroy_srq(_s: *mut ibv_srq) -> c_int {
     })
 }
 
-/// `ibv_create_ah`: UD comes next.
+/// An address handle.
+#[repr(C)]
+struct Ah {
+    ah: ibv_ah,
+}
+
+fn ah<'a>(a: *mut ibv_ah) -> Res<&'a Ah> {
+    // SAFETY: every ibv_ah handed out begins a live Ah.
+    unsafe { (a as *const Ah).as_ref() }.ok_or_else(|| Fail::inval("no address handle"))
+}
+
+/// `ibv_create_ah`: toward the GID of a global address vector (RoCE has no other).
 #[unsafe(no_mangle)]
-pub extern "C" fn ibv_create_ah(_p: *mut ibv_pd, _a: *mut ibv_ah_attr) -> *mut ibv_ah {
+pub extern "C" fn ibv_create_ah(p: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv_ah {
     ptr_call("ibv_create_ah", || {
-        Err(Fail::unsupported("an address handle (UD)"))
+        let (_, x) = pd(p)?;
+        // SAFETY: `p` was checked by `pd`.
+        let pdn = unsafe { (*p).handle };
+        // SAFETY: the caller's attributes.
+        let a = unsafe { a.as_ref() }.ok_or_else(|| Fail::inval("no attributes"))?;
+        if a.is_global == 0 {
+            return Err(Fail::inval(
+                "RoCE needs a GRH: the address vector must be global (is_global, a GID)",
+            ));
+        }
+        if a.port_num != 1 {
+            return Err(Fail::inval(format!(
+                "port {}: the device has port 1",
+                a.port_num
+            )));
+        }
+        // SAFETY: 16 bytes either way.
+        let gid = Ipv6Addr::from(unsafe { a.grh.dgid.raw }).to_string();
+        let n = x.with(|c| c.create_ah(pdn, &gid))?;
+        let b = Box::leak(Box::new(Ah {
+            ah: ibv_ah {
+                context: x.ibv(),
+                pd: p,
+                handle: n,
+            },
+        }));
+        Ok(&mut b.ah as *mut ibv_ah)
     })
 }
 
@@ -924,14 +984,18 @@ pub extern "C" fn ibv_create_ah_from_wc(
     _port: u8,
 ) -> *mut ibv_ah {
     ptr_call("ibv_create_ah_from_wc", || {
-        Err(Fail::unsupported("an address handle (UD)"))
+        Err(Fail::unsupported("an address handle from a completion"))
     })
 }
 
 /// `ibv_destroy_ah`.
 #[unsafe(no_mangle)]
-pub extern "C" fn ibv_destroy_ah(_a: *mut ibv_ah) -> c_int {
+pub extern "C" fn ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
     int_call("ibv_destroy_ah", || {
-        Err(Fail::unsupported("an address handle (UD)"))
+        let h = ah(a)?;
+        ctx(h.ah.context)?.with(|c| c.destroy_ah(h.ah.handle))?;
+        // SAFETY: the Ah ibv_create_ah leaked, given back once.
+        drop(unsafe { Box::from_raw(a as *mut Ah) });
+        Ok(())
     })
 }

@@ -25,7 +25,7 @@
 //! A receive entry is a 16-byte header (wr_id, num_sge at byte 8) and its scatter/gather entries.
 //! A completion entry is 32 bytes: wr_id, byte_len (8..12), immediate data or invalidated key
 //! (12..16), qp_num (16..20), src_qp (20..24), status (24), opcode (25), flags (26:
-//! `IBV_WC_WITH_IMM` 2, `IBV_WC_WITH_INV` 4).
+//! `IBV_WC_GRH` 1 on UD receives, `IBV_WC_WITH_IMM` 2, `IBV_WC_WITH_INV` 4).
 
 use arrayvec::ArrayVec;
 
@@ -406,7 +406,7 @@ pub struct Cqe {
     pub status: u8,
     /// `enum ibv_wc_opcode`.
     pub opcode: u8,
-    /// `IBV_WC_WITH_IMM` (2), `IBV_WC_WITH_INV` (4).
+    /// `IBV_WC_GRH` (1), `IBV_WC_WITH_IMM` (2), `IBV_WC_WITH_INV` (4).
     pub flags: u8,
 }
 

@@ -442,22 +442,41 @@ impl Context {
         recv_cq: &Cq,
         caps: QpCapsMsg,
     ) -> Result<Qp, ClientError> {
-        self.create_qp_in(pd, send_cq.cq, recv_cq.cq, caps)
+        self.create_qp_in(pd, send_cq.cq, recv_cq.cq, caps, false)
     }
 
-    /// [`Context::create_qp`] naming the CQs by number.
+    /// `ibv_create_ah` in `pd` toward `gid`: its number, for [`crate::abi::UdTarget::ah`].
+    pub fn create_ah(&self, pd: u32, gid: &str) -> Result<u32, ClientError> {
+        let req = Request::CreateAh {
+            pd,
+            gid: gid.into(),
+        };
+        match self.call(&req, &[])? {
+            (Reply::Ah { ah }, _) => Ok(ah),
+            (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&self, ah: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyAh { ah })
+    }
+
+    /// [`Context::create_qp`] naming the CQs by number, RC or UD.
     pub fn create_qp_in(
         &self,
         pd: u32,
         send_cq: u32,
         recv_cq: u32,
         caps: QpCapsMsg,
+        ud: bool,
     ) -> Result<Qp, ClientError> {
         let req = Request::CreateQp {
             pd,
             send_cq,
             recv_cq,
             caps,
+            ud,
         };
         match self.call(&req, &[])? {
             (

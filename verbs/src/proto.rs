@@ -73,6 +73,9 @@ pub struct ModifyMsg {
     pub max_rd_atomic: Option<u8>,
     /// READs/atomics accepted as responder.
     pub max_dest_rd_atomic: Option<u8>,
+    /// UD: the Q_Key datagrams to the QP must carry.
+    #[serde(default)]
+    pub qkey: Option<u32>,
 }
 
 /// An application's control verb.
@@ -134,7 +137,7 @@ pub enum Request {
         /// The CQ.
         cq: u32,
     },
-    /// `ibv_create_qp` (RC): the reply carries the send and receive rings' memory.
+    /// `ibv_create_qp` (RC, or UD): the reply carries the send and receive rings' memory.
     CreateQp {
         /// Its PD.
         pd: u32,
@@ -144,6 +147,21 @@ pub enum Request {
         recv_cq: u32,
         /// Its capacities.
         caps: QpCapsMsg,
+        /// A UD QP (else RC).
+        #[serde(default)]
+        ud: bool,
+    },
+    /// `ibv_create_ah`: an address handle toward `gid`, for UD sends of QPs in `pd`.
+    CreateAh {
+        /// Its PD.
+        pd: u32,
+        /// The destination's GID (IPv4, IPv4-mapped or IPv6 address).
+        gid: String,
+    },
+    /// `ibv_destroy_ah`.
+    DestroyAh {
+        /// The address handle.
+        ah: u32,
     },
     /// `ibv_modify_qp`.
     ModifyQp {
@@ -215,6 +233,11 @@ pub enum Reply {
         rq: RingPlace,
         /// The PSN it will start sending with unless a modify to RTS names another.
         sq_psn: u32,
+    },
+    /// An address handle (never 0: a send entry naming address handle 0 is an RC one).
+    Ah {
+        /// Its number.
+        ah: u32,
     },
     /// A QP's state.
     QpState {

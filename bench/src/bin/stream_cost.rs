@@ -191,6 +191,7 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         rq: Consumer::new(mem.clone(), at[1], rq).expect("ring"),
         send_cq: 0,
         recv_cq: 0,
+        pd: 0,
     };
     let scq = Producer::new(mem.clone(), at[2], cq).expect("ring");
     let rcq = Producer::new(mem, at[3], cq).expect("ring");

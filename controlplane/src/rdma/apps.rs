@@ -44,6 +44,58 @@ impl Rdma {
         Ok((l, n))
     }
 
+    /// Makes an address handle toward `gid` for UD sends of QPs in `pd`, installed on every
+    /// lcore under one number (never 0): the number.
+    pub fn add_app_ah(&self, pd: u32, gid: IpAddr) -> Result<u32, RdmaError> {
+        let (port, local, mac, vlan) = self.resolve(gid)?;
+        let path = Path {
+            local_ip: local,
+            remote_ip: gid,
+            local_mac: self.macs[port].0,
+            remote_mac: mac.0,
+            // Chosen per send, for the destination QP (see `host::app`).
+            udp_sport: 0,
+            dscp: 0,
+            ecn: 0,
+            vlan,
+        };
+        let ah = {
+            let mut ahs = self.app_ahs.lock().expect("address handles");
+            match ahs.iter().position(|&used| !used) {
+                Some(i) => {
+                    ahs[i] = true;
+                    i as u32 + 1
+                }
+                None => {
+                    ahs.push(true);
+                    ahs.len() as u32
+                }
+            }
+        };
+        for l in 0..self.lcores.len() {
+            if let Err(e) = self.ask(l, move |h, _| h.apps.set_ah(ah, pd, path)) {
+                self.remove_app_ah(ah);
+                return Err(e);
+            }
+        }
+        Ok(ah)
+    }
+
+    /// Removes address handle `ah` from every lcore and frees its number.
+    pub fn remove_app_ah(&self, ah: u32) {
+        for l in 0..self.lcores.len() {
+            let _ = self.ask(l, move |h, _| h.apps.remove_ah(ah));
+        }
+        if let Some(u) = self
+            .app_ahs
+            .lock()
+            .expect("address handles")
+            .get_mut((ah as usize).wrapping_sub(1))
+        {
+            *u = false;
+        }
+    }
+
     /// Takes completion ring `n` back from lcore `lcore` (refused while a QP completes into it).
     pub fn remove_app_cq(&self, lcore: usize, n: u32) -> Result<(), RdmaError> {
         if lcore >= self.lcores.len() {

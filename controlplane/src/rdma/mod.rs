@@ -335,6 +335,8 @@ pub struct Rdma {
     macs: Vec<MacAddr>,
     /// Per port: its MTU (the IP packets it carries), which bounds a QP's path MTU.
     mtus: Vec<u16>,
+    /// Applications' address handles: which numbers are taken (number = index + 1).
+    app_ahs: Mutex<Vec<bool>>,
     /// Per port: its GID table (as rxe builds one: the link-local GID from the MAC, then
     /// each IPv4 address IPv4-mapped, then each IPv6 address).
     gids: Vec<Vec<std::net::Ipv6Addr>>,
@@ -432,6 +434,7 @@ impl Rdma {
                 .collect(),
             macs,
             mtus: Vec::new(),
+            app_ahs: Mutex::new(Vec::new()),
             line_bps,
         }
     }

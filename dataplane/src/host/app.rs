@@ -19,7 +19,7 @@
 use crate::time::Instant;
 use transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 use transport::device::{Claim, Device, DeviceError};
-use transport::qp::{QpAttr, QpState};
+use transport::qp::{Path, QpAttr, QpState};
 use transport::rc::PostError;
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WrError};
 use verbs::abi::{self, Cqe, RecvWqe, SendView, WrOpcode, send_flags};
@@ -47,6 +47,8 @@ pub struct AppQueues {
     pub send_cq: u32,
     /// The completion ring its receive completions go to (may be the same).
     pub recv_cq: u32,
+    /// Its protection domain (a UD send may name only address handles of it).
+    pub pd: u32,
 }
 
 /// Why rings were refused.
@@ -100,6 +102,8 @@ pub struct Apps {
     qps: Vec<AppQp>,
     /// Completion rings by number (None: a freed number).
     cqs: Vec<Option<AppCq>>,
+    /// Address handles by number - 1, with their protection domain (None: a freed number).
+    ahs: Vec<Option<(u32, Path)>>,
     /// A private copy of the slot being decoded.
     slot: Box<[u8; MAX_SLOT]>,
     /// What they did.
@@ -111,6 +115,7 @@ impl Default for Apps {
         Apps {
             qps: Vec::new(),
             cqs: Vec::new(),
+            ahs: Vec::new(),
             slot: Box::new([0; MAX_SLOT]),
             counters: AppCounters::default(),
         }
@@ -151,6 +156,28 @@ impl Apps {
             .and_then(Option::take)
             .map(|c| c.ring)
             .ok_or(AppError::NoCq(cq))
+    }
+
+    /// Installs address handle `ah` (not 0) of protection domain `pd`: where UD sends naming
+    /// it go (the node installs each on every lcore under one number).
+    pub fn set_ah(&mut self, ah: u32, pd: u32, path: Path) {
+        let Some(i) = (ah as usize).checked_sub(1) else {
+            return;
+        };
+        if self.ahs.len() <= i {
+            self.ahs.resize(i + 1, None);
+        }
+        self.ahs[i] = Some((pd, path));
+    }
+
+    /// Removes address handle `ah`.
+    pub fn remove_ah(&mut self, ah: u32) {
+        if let Some(a) = (ah as usize)
+            .checked_sub(1)
+            .and_then(|i| self.ahs.get_mut(i))
+        {
+            *a = None;
+        }
     }
 
     /// Drives QP `q.qpn` of `dev` from these rings from now on (its completions go to its
@@ -196,6 +223,7 @@ impl Apps {
         let slot = &mut self.slot[..];
         let c = &mut self.counters;
         let cqs = &mut self.cqs[..];
+        let ahs = &self.ahs[..];
         let mut gone = false;
         for a in &mut self.qps {
             if dev.index(a.q.qpn).is_none() {
@@ -208,9 +236,9 @@ impl Apps {
                 complete(dev, a, cqs, c);
                 continue;
             }
-            take::<true>(dev, a, slot, cqs, c, now);
+            take::<true>(dev, a, slot, cqs, ahs, c, now);
             if !a.broken {
-                take::<false>(dev, a, slot, cqs, c, now);
+                take::<false>(dev, a, slot, cqs, ahs, c, now);
             }
             complete(dev, a, cqs, c);
         }
@@ -230,6 +258,7 @@ fn take<const SEND: bool>(
     a: &mut AppQp,
     slot: &mut [u8],
     cqs: &mut [Option<AppCq>],
+    ahs: &[Option<(u32, Path)>],
     c: &mut AppCounters,
     now: Instant,
 ) {
@@ -244,7 +273,7 @@ fn take<const SEND: bool>(
         }
         let entry = &slot[..size];
         let r = if SEND {
-            post_send_entry(dev, a.q.qpn, entry, now)
+            post_send_entry(dev, &a.q, entry, ahs, now)
         } else {
             match RecvWqe::decode(entry) {
                 Ok(w) => dev
@@ -282,10 +311,39 @@ fn take<const SEND: bool>(
 }
 
 /// Decodes a send entry in place and posts it.
-fn post_send_entry(dev: &mut Device, qpn: u32, entry: &[u8], now: Instant) -> Result<(), WcStatus> {
+fn post_send_entry(
+    dev: &mut Device,
+    q: &AppQueues,
+    entry: &[u8],
+    ahs: &[Option<(u32, Path)>],
+    now: Instant,
+) -> Result<(), WcStatus> {
+    let qpn = q.qpn;
     let w = SendView::new_checked(entry).map_err(|_| WcStatus::LocQpOpErr)?;
-    // UD needs address handles, which the attach socket will create.
-    let wr = send_wr(&w).ok_or(WcStatus::LocQpOpErr)?;
+    let mut wr = send_wr(&w);
+    let t = w.ud();
+    if t != abi::UdTarget::default() {
+        // A UD send: its address handle must be one of the QP's protection domain (another
+        // application's is refused like an unknown one).
+        let Some(Some((pd, path))) = (t.ah as usize).checked_sub(1).and_then(|i| ahs.get(i)) else {
+            return Err(WcStatus::LocQpOpErr);
+        };
+        if *pd != q.pd || t.remote_qpn > 0xff_ffff {
+            return Err(WcStatus::LocQpOpErr);
+        }
+        let mut path = *path;
+        path.udp_sport = crate::port::rss::steer_sport(
+            path.local_ip,
+            path.remote_ip,
+            crate::wire::udp::source_port_for_qp(qpn, t.remote_qpn),
+            transport::device::shard_of(t.remote_qpn) as u16,
+        );
+        wr.ud = Some(transport::wr::UdDest {
+            path,
+            dest_qp: t.remote_qpn,
+            qkey: t.qkey,
+        });
+    }
     let inline = (w.flags() & send_flags::INLINE != 0).then(|| w.inline());
     dev.post_send(qpn, &wr, inline, now)
         .map_err(|e| status_of(&e))
@@ -405,11 +463,9 @@ fn notify(cqs: &[Option<AppCq>], cq: u32) {
     }
 }
 
-/// The transport's work request for a ring entry (None: UD, not yet offered).
-fn send_wr(w: &SendView<'_>) -> Option<SendWr> {
-    if w.ud() != abi::UdTarget::default() {
-        return None;
-    }
+/// The transport's work request for a ring entry (its UD destination, if any, is the
+/// caller's to fill).
+fn send_wr(w: &SendView<'_>) -> SendWr {
     let (remote_addr, rkey) = (w.remote_addr(), w.rkey());
     let op = match w.opcode() {
         WrOpcode::Write => SendOp::Write { remote_addr, rkey },
@@ -443,7 +499,7 @@ fn send_wr(w: &SendView<'_>) -> Option<SendWr> {
         });
     }
     let flags = w.flags();
-    Some(SendWr {
+    SendWr {
         wr_id: w.wr_id(),
         op,
         sg,
@@ -452,7 +508,7 @@ fn send_wr(w: &SendView<'_>) -> Option<SendWr> {
         fence: flags & send_flags::FENCE != 0,
         inline: flags & send_flags::INLINE != 0,
         ud: None,
-    })
+    }
 }
 
 fn recv_wr(w: &RecvWqe) -> RecvWr {
@@ -506,11 +562,15 @@ fn cqe(wc: &WorkCompletion) -> Cqe {
         WcOpcode::Recv => 128,
         WcOpcode::RecvRdmaWithImm => 129,
     };
-    let (imm, flags) = match (wc.imm_data, wc.invalidated_rkey) {
+    let (imm, mut flags) = match (wc.imm_data, wc.invalidated_rkey) {
         (Some(i), _) => (i, 2),
         (None, Some(k)) => (k, 4),
         (None, None) => (0, 0),
     };
+    // A UD receive: its buffer starts with the 40-byte GRH area (IBV_WC_GRH).
+    if wc.src_qp.is_some() {
+        flags |= 1;
+    }
     Cqe {
         wr_id: wc.wr_id,
         byte_len: wc.byte_len,

@@ -350,6 +350,7 @@ mod app_rings {
             rq: Consumer::new(mem.clone(), at[1], rq).unwrap(),
             send_cq: 0,
             recv_cq: 0,
+            pd: 0,
         };
         (app, lcore, Producer::new(mem, at[2], cq).unwrap())
     }
