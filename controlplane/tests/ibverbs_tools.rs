@@ -10,7 +10,7 @@
 
 mod common;
 use common::rdma::*;
-use common::tmpdir;
+use common::{Api, tmpdir};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -247,4 +247,98 @@ fn unmodified_rdma_tools_run_on_ferroce_through_the_compatibility_library() {
         }
     }
     drop(n);
+}
+
+/// QPs node `api` has.
+fn qps(api: &Api) -> usize {
+    let (s, v) = api.get("/v1/qps");
+    assert_eq!(s, 200, "{v}");
+    v.as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
+    let mut n = memif_nodes("ibvkill", 7652);
+    let pid = std::process::id();
+    let socks = [
+        format!("/run/ferroce/ferroce-ribvkill-a-{pid}.sock"),
+        format!("/run/ferroce/ferroce-ribvkill-b-{pid}.sock"),
+    ];
+    // A WRITE stream from A for longer than the test waits.
+    let server = tool(
+        "ib_write_bw",
+        &socks[1],
+        &["-x", "1", "-D", "30", "-p", "19901"],
+    )
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    while !listening(19901) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no server");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut client = tool(
+        "ib_write_bw",
+        &socks[0],
+        &["-x", "1", "-D", "30", "-p", "19901", "127.0.0.1"],
+    )
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    while qps(&n.api[0]) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the stream never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Meanwhile another program on the same nodes runs to the end, its data checked.
+    let (c, _) = pair(
+        &socks,
+        "ibv_rc_pingpong",
+        &["-g", "1", "-c", "-n", "20"],
+        19902,
+    );
+    assert!(c.contains("20 iters in"), "{c}");
+    assert_eq!(qps(&n.api[0]), 1, "the stream's QP is still there");
+    // kill -9 of the streaming process: roced destroys what it made within a second.
+    let victim = client.id();
+    client.kill().unwrap();
+    let killed = Instant::now();
+    let _ = client.wait();
+    while qps(&n.api[0]) > 0 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "the killed process's QP outlived it by a second"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a = n.nodes[0].as_mut().unwrap();
+    assert!(
+        a.wait_log(&format!("pid={victim}"), Duration::from_secs(2))
+            && a.log_text().contains("application detached"),
+        "{}",
+        a.log_text()
+    );
+    // Its peer, left alone, ends (its exchange socket closed), and its QP goes with it.
+    let s = wait_output(
+        server,
+        Duration::from_secs(60),
+        "the peer of the killed stream",
+    );
+    assert!(!s.status.success(), "the peer did not notice: {}", text(&s));
+    let t = Instant::now();
+    while qps(&n.api[1]) > 0 {
+        assert!(t.elapsed() < Duration::from_secs(1), "the peer's QP stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And the nodes serve the next program as before.
+    let (c, _) = pair(
+        &socks,
+        "ibv_rc_pingpong",
+        &["-g", "1", "-c", "-n", "10"],
+        19903,
+    );
+    assert!(c.contains("10 iters in"), "{c}");
 }
