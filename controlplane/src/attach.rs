@@ -79,7 +79,7 @@ impl AttachServer {
                                 let st = state.clone();
                                 match std::thread::Builder::new()
                                     .name("roced-session".into())
-                                    .spawn(move || session(&st.rdma, s))
+                                    .spawn(move || session(&st, s))
                                 {
                                     Ok(t) => sessions.lock().expect("sessions").push((mine, t)),
                                     Err(e) => {
@@ -145,7 +145,12 @@ struct Session {
     ahs: Vec<u32>,
 }
 
-fn session(rdma: &Rdma, sock: UnixStream) {
+/// Numbers sessions for the listing.
+static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn session(st: &ApiState, sock: UnixStream) {
+    let rdma = &st.rdma;
+    let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
     let mut s = Session::default();
     loop {
         let (req, fds) = match recv::<Request>(&sock) {
@@ -158,11 +163,18 @@ fn session(rdma: &Rdma, sock: UnixStream) {
             }
         };
         let (reply, out) = s.handle(rdma, req, fds);
+        if s.pid != 0 {
+            st.apps
+                .lock()
+                .expect("applications")
+                .insert(id, s.listing(id));
+        }
         let borrowed: Vec<_> = out.iter().map(|f| f.as_fd()).collect();
         if send(&sock, &reply, &borrowed).is_err() {
             break;
         }
     }
+    st.apps.lock().expect("applications").remove(&id);
     s.end(rdma);
 }
 
@@ -194,6 +206,20 @@ fn layout(entries: u32, slot: usize) -> Result<RingLayout, Reply> {
 }
 
 impl Session {
+    /// What `GET /v1/apps` shows of it.
+    fn listing(&self, id: u64) -> serde_json::Value {
+        serde_json::json!({
+            "id": id,
+            "pid": self.pid,
+            "command": self.command,
+            "pds": self.pds,
+            "mrs": self.mrs,
+            "cqs": self.cqs.len(),
+            "qps": self.qps,
+            "ahs": self.ahs.len(),
+        })
+    }
+
     fn owns_pd(&self, pd: u32) -> Result<(), Reply> {
         if self.pds.contains(&pd) {
             Ok(())

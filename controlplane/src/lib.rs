@@ -5,6 +5,9 @@
 //! state, neighbour events passed between lcores, diagnostics, and an orderly stop on SIGINT or
 //! SIGTERM.
 
+// The OpenAPI document is one json! literal, deeper than serde_json's default limit allows.
+#![recursion_limit = "256"]
+
 pub mod api;
 pub mod attach;
 pub mod config;

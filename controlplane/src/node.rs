@@ -217,6 +217,7 @@ pub fn run(
                         impair,
                         lcore_counters: counters.to_vec(),
                         token: api_token.clone(),
+                        apps: Default::default(),
                         mbufs: Default::default(),
                         impair_cfg: std::sync::Mutex::new(vec![
                             [

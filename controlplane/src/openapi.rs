@@ -247,6 +247,13 @@ pub fn document() -> Value {
                     "properties": attr_props.clone()}}}))),
         json_ok(200, "connected", json!({"type": "object", "properties": {"connected": {"type": "integer"}}}),
             &[400, 404, 409, 503]))});
+    let app = json!({"type": "object",
+        "properties": {"id": {"type": "integer"}, "pid": {"type": "integer"},
+            "command": {"type": "string"}, "pds": {"type": "array", "items": u32s},
+            "mrs": {"type": "array", "items": u32s}, "cqs": {"type": "integer"},
+            "qps": {"type": "array", "items": u32s}, "ahs": {"type": "integer"}}});
+    let apps_path = json!({"get": op("Applications attached to the attach socket: pid, command, and the PDs, MRs (local keys), CQs, QPs and address handles each made", vec![], None,
+        json_ok(200, "applications", json!({"type": "array", "items": app}), &[]))});
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr"],
             "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
@@ -414,6 +421,7 @@ pub fn document() -> Value {
             "/v1/streams": streams_path,
             "/v1/qps/{qpn}/recv-stream": recv_stream_path,
             "/v1/recv-streams": recv_streams_path,
+            "/v1/apps": apps_path,
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
                     "items": {"type": "object"}}}}), &[503]))},

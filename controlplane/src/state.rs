@@ -22,6 +22,9 @@ pub struct ApiState {
     pub impair_cfg: Mutex<Vec<[Value; 2]>>,
     /// The bearer token requests must carry, if one is set (`[api] token`).
     pub token: Option<String>,
+    /// The applications attached to the attach socket, by session: what each made (kept by
+    /// its session, for `GET /v1/apps`).
+    pub apps: Mutex<std::collections::BTreeMap<u64, Value>>,
     /// Mbufs of the node's pool handed out (in ports' rings, lcores, frames in flight) and
     /// its size, refreshed by the control loop.
     pub mbufs: [std::sync::atomic::AtomicU64; 2],

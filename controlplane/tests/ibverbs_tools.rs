@@ -302,8 +302,34 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
     );
     assert!(c.contains("20 iters in"), "{c}");
     assert_eq!(qps(&n.api[0]), 1, "the stream's QP is still there");
-    // kill -9 of the streaming process: roced destroys what it made within a second.
+    // Operators see the attached program and what it made (GET /v1/apps, rocectl apps).
     let victim = client.id();
+    let (_, apps) = n.api[0].get("/v1/apps");
+    let me = apps
+        .as_array()
+        .and_then(|l| l.iter().find(|a| a["pid"] == victim))
+        .unwrap_or_else(|| panic!("pid {victim} is not listed: {apps}"));
+    assert!(
+        me["command"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("ib_write_bw"))
+            && me["qps"].as_array().is_some_and(|q| q.len() == 1)
+            && me["mrs"].as_array().is_some_and(|m| !m.is_empty()),
+        "{me}"
+    );
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let code = cli::ctl::run(
+        ["rocectl", "--api", "127.0.0.1:7652", "apps"],
+        &mut o,
+        &mut e,
+    );
+    let t = String::from_utf8_lossy(&o);
+    assert!(
+        code == 0 && t.contains("ib_write_bw") && t.contains(&victim.to_string()),
+        "rocectl apps: {t}{}",
+        String::from_utf8_lossy(&e)
+    );
+    // kill -9 of the streaming process: roced destroys what it made within a second.
     client.kill().unwrap();
     let killed = Instant::now();
     let _ = client.wait();
@@ -314,6 +340,11 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (_, apps) = n.api[0].get("/v1/apps");
+    assert!(
+        !apps.to_string().contains(&format!("\"pid\":{victim}")),
+        "{apps}"
+    );
     let a = n.nodes[0].as_mut().unwrap();
     assert!(
         a.wait_log(&format!("pid={victim}"), Duration::from_secs(2))

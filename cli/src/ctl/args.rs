@@ -72,6 +72,9 @@ pub enum Cmd {
     },
     /// Per-lcore counters under the rxe/mlx5 names (sent_pkts, out_of_sequence, np_cnp_sent, ...).
     Stats,
+    /// Applications attached to roced's attach socket (programs on libferroce_ibverbs or the
+    /// verbs library): pid, command, and what each made, as `rdma resource show` lists them.
+    Apps,
     /// Congestion control: the DCQCN state of a QP and the profiles QPs can be created with.
     Cc {
         #[command(subcommand)]

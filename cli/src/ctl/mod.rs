@@ -330,6 +330,14 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 v
             }
         },
+        Cmd::Apps => {
+            let v = c.call("GET", "/v1/apps", None)?;
+            if !cli.json {
+                tables::app_table(out, v.as_array().map_or(&[][..], Vec::as_slice)).map_err(io)?;
+                return Ok(0);
+            }
+            v
+        }
         Cmd::Stats => {
             let v = c.call("GET", "/v1/stats", None)?;
             if !cli.json {

@@ -109,6 +109,32 @@ pub(super) fn mr_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<(
     )
 }
 
+pub(super) fn app_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
+    let many = |v: &Value| {
+        let a = v.as_array().map_or(&[][..], Vec::as_slice);
+        if a.is_empty() {
+            "-".to_string()
+        } else {
+            a.iter().map(s).collect::<Vec<_>>().join(",")
+        }
+    };
+    table(
+        out,
+        &["pid", "command", "qps", "mrs", "cqs", "pds", "ahs"],
+        list.iter().map(|a| {
+            vec![
+                s(&a["pid"]),
+                s(&a["command"]),
+                many(&a["qps"]),
+                many(&a["mrs"]),
+                s(&a["cqs"]),
+                many(&a["pds"]),
+                s(&a["ahs"]),
+            ]
+        }),
+    )
+}
+
 pub(super) fn pd_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
     table(
         out,

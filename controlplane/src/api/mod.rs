@@ -134,6 +134,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/qps/{qpn}/recv-stream", post(qp_recv_stream))
         .route("/v1/recv-streams", post(recv_streams))
         .route("/v1/stats", get(stats))
+        .route("/v1/apps", get(apps))
         .method_not_allowed_fallback(|req: axum::extract::Request| async move {
             ApiError {
                 status: 405,
@@ -214,6 +215,18 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 
 async fn openapi() -> Reply {
     ok(crate::openapi::document())
+}
+
+/// The applications attached to the attach socket and what each made.
+async fn apps(State(s): State<Arc<ApiState>>) -> Reply {
+    let list: Vec<Value> = s
+        .apps
+        .lock()
+        .expect("applications")
+        .values()
+        .cloned()
+        .collect();
+    ok(Value::Array(list))
 }
 
 async fn health(State(s): State<Arc<ApiState>>) -> Reply {
