@@ -2,7 +2,8 @@
 //! its own memory registered in place, a CQ and an RC QP whose rings it writes and reads,
 //! connected to a QP that node B's REST API made; a WRITE from its memory and a READ into it,
 //! every byte checked; another application cannot touch its QP; and when it goes, its QP,
-//! CQ, region and PD go too.
+//! CQ, region and PD go too. Two applications, one on each node, move known patterns with
+//! WRITE, READ, SEND with immediate data and both atomics over a link losing 1 % each way.
 
 mod common;
 use common::rdma::*;
@@ -225,4 +226,207 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
     }
     drop(other);
     n.stop();
+}
+
+/// Moves `qp` of `ctx` to RTS toward `remote` (QPN, PSN) at `gid`.
+fn connect_app(ctx: &Context, qp: &verbs::client::Qp, remote: (u32, u32), gid: &str) {
+    let steps = [
+        ModifyMsg {
+            state: "INIT".into(),
+            access: Some(0xe),
+            ..ModifyMsg::default()
+        },
+        ModifyMsg {
+            state: "RTR".into(),
+            mtu: Some(1024),
+            dest_qp: Some(remote.0),
+            remote_gid: Some(gid.into()),
+            rq_psn: Some(remote.1),
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(1),
+            ..ModifyMsg::default()
+        },
+        ModifyMsg {
+            state: "RTS".into(),
+            sq_psn: Some(qp.sq_psn),
+            timeout: Some(10),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..ModifyMsg::default()
+        },
+    ];
+    for m in steps {
+        ctx.modify_qp(qp, m).unwrap();
+    }
+}
+
+#[test]
+fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
+    let n = memif_nodes("attachloss", 7654);
+    // Each node's transmit side loses 1 % of its frames: requests, responses and ACKs.
+    for api in &n.api {
+        let v = api.ok(api.put(
+            "/v1/ports/0/impair",
+            serde_json::json!({"direction": "tx", "loss": 0.01}),
+        ));
+        assert_eq!(v["loss"], 0.01);
+    }
+    let pid = std::process::id();
+    let attach = |node: &str| {
+        let sock = format!("/run/ferroce/ferroce-rattachloss-{node}-{pid}.sock");
+        Context::attach(sock.as_ref()).unwrap()
+    };
+    let (ca, cb) = (attach("a"), attach("b"));
+    const LEN: usize = 512 << 10;
+    // Ordinary heap memory on both sides, registered where it lies.
+    let mut ma = vec![0u8; LEN];
+    let mut mb = vec![0u8; LEN];
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    // SAFETY: our own buffers, which outlive the regions and no other thread touches.
+    let (la, _ra) = unsafe { ca.reg_mr_at(pa, ma.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
+    // SAFETY: as above.
+    let (lb, rb) = unsafe { cb.reg_mr_at(pb, mb.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
+    let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
+    let (mut qa_cq, mut qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
+    let caps = QpCapsMsg {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mut qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
+    let mut qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
+    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0);
+    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0);
+    let ok = |c: Cqe, id: u64, what: &str| {
+        assert_eq!((c.wr_id, c.status), (id, 0), "{what}: {c:?}");
+    };
+    // The bytes are read through volatile loads: the lcores wrote them behind Rust's back.
+    let read = |p: *const u8, len: usize| -> Vec<u8> {
+        // SAFETY: inside the registered buffer.
+        (0..len)
+            .map(|i| unsafe { p.add(i).read_volatile() })
+            .collect()
+    };
+
+    // WRITE: 256 KiB of a pattern from A into B (256 packets at MTU 1024).
+    let pat = pattern(256 << 10, 3);
+    ma[..pat.len()].copy_from_slice(&pat);
+    let w = wqe(1, WrOpcode::Write, la, aa, pat.len() as u32, ab, rb);
+    assert!(qa.post_send(&w).unwrap());
+    ok(wait_one(&mut qa_cq), 1, "WRITE");
+    same(
+        &n,
+        &read(mb.as_ptr(), pat.len()),
+        &pat,
+        "WRITE over 1 % loss",
+    );
+
+    // READ: 128 KiB of another pattern from B back into A.
+    let pat2 = pattern(128 << 10, 11);
+    mb[300 << 10..(300 << 10) + pat2.len()].copy_from_slice(&pat2);
+    let r = wqe(
+        2,
+        WrOpcode::Read,
+        la,
+        aa + (300 << 10),
+        pat2.len() as u32,
+        ab + (300 << 10),
+        rb,
+    );
+    assert!(qa.post_send(&r).unwrap());
+    ok(wait_one(&mut qa_cq), 2, "READ");
+    same(
+        &n,
+        &read(ma.as_ptr().wrapping_add(300 << 10), pat2.len()),
+        &pat2,
+        "READ over 1 % loss",
+    );
+
+    // SEND with immediate data: 64 KiB into a receive B posted.
+    let pat3 = pattern(64 << 10, 17);
+    ma[448 << 10..(448 << 10) + pat3.len()].copy_from_slice(&pat3);
+    let recv = abi::RecvWqe {
+        wr_id: 7,
+        sg: [abi::Sge {
+            addr: ab + (448 << 10),
+            length: 64 << 10,
+            lkey: lb,
+        }]
+        .into_iter()
+        .collect(),
+    };
+    assert!(qb.post_recv(&recv).unwrap());
+    let mut s = wqe(
+        3,
+        WrOpcode::SendWithImm,
+        la,
+        aa + (448 << 10),
+        pat3.len() as u32,
+        0,
+        0,
+    );
+    s.imm = 0xfeed_beef;
+    assert!(qa.post_send(&s).unwrap());
+    ok(wait_one(&mut qa_cq), 3, "SEND");
+    let c = wait_one(&mut qb_cq);
+    ok(c, 7, "receive");
+    assert_eq!(
+        (c.byte_len, c.imm, c.flags & 2),
+        (64 << 10, 0xfeed_beef, 2),
+        "{c:?}"
+    );
+    same(
+        &n,
+        &read(mb.as_ptr().wrapping_add(448 << 10), pat3.len()),
+        &pat3,
+        "SEND over 1 % loss",
+    );
+
+    // Atomics on a word of B, results into A: fetch-and-add, then a compare-and-swap that
+    // matches and one that does not.
+    let word = ab + (510 << 10);
+    mb[510 << 10..(510 << 10) + 8].copy_from_slice(&100u64.to_le_bytes());
+    let res = aa + (509 << 10);
+    let u64_at = |p: *const u8| {
+        let b: [u8; 8] = read(p, 8).try_into().unwrap();
+        u64::from_le_bytes(b)
+    };
+    let mut fa = wqe(4, WrOpcode::FetchAdd, la, res, 8, word, rb);
+    fa.compare_add = 23;
+    assert!(qa.post_send(&fa).unwrap());
+    ok(wait_one(&mut qa_cq), 4, "fetch-and-add");
+    let (rp, wp) = (
+        ma.as_ptr().wrapping_add(509 << 10),
+        mb.as_ptr().wrapping_add(510 << 10),
+    );
+    assert_eq!((u64_at(rp), u64_at(wp)), (100, 123), "fetch-and-add");
+    for (id, compare, old, now) in [(5, 123, 123, 7), (6, 123, 7, 7)] {
+        let mut cs = wqe(id, WrOpcode::CmpSwap, la, res, 8, word, rb);
+        cs.compare_add = compare;
+        cs.swap = 7;
+        assert!(qa.post_send(&cs).unwrap());
+        ok(wait_one(&mut qa_cq), id, "compare-and-swap");
+        assert_eq!(
+            (u64_at(rp), u64_at(wp)),
+            (old, now),
+            "compare-and-swap {id}"
+        );
+    }
+    // The loss happened: retransmissions on A's QP (requests or READ responses lost).
+    let (_, q) = n.api[0].get(&format!("/v1/qps/{}", qa.qpn));
+    let c = &q["counters"];
+    let recovered = [
+        "packet_seq_err",
+        "local_ack_timeout_err",
+        "implied_nak_seq_err",
+    ]
+    .iter()
+    .map(|k| c[k].as_u64().unwrap_or(0))
+    .sum::<u64>();
+    assert!(recovered > 0, "no loss was recovered from: {c}");
+    drop((qa, qb, qa_cq, qb_cq, ca, cb));
+    drop((ma, mb));
 }

@@ -245,6 +245,10 @@ impl Context {
     /// Attaches to the roced listening at `path`.
     pub fn attach(path: &std::path::Path) -> Result<Context, ClientError> {
         let sock = UnixStream::connect(path).map_err(AttachError::Io)?;
+        // Something that is not roced (another program's socket) may never answer: the
+        // greeting has a deadline; the verbs after it wait as long as roced takes.
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .map_err(AttachError::Io)?;
         let mut c = Context {
             sock,
             device: String::new(),
@@ -274,6 +278,7 @@ impl Context {
                 c.gids = gids;
                 c.mtu = mtu;
                 c.mac = mac;
+                c.sock.set_read_timeout(None).map_err(AttachError::Io)?;
                 Ok(c)
             }
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
