@@ -60,6 +60,18 @@ fn listening(port: u16) -> bool {
     })
 }
 
+/// Waits (20 s at most) for the server of `what` to listen on `port`.
+fn wait_listening(port: u16, what: &str) {
+    let t = Instant::now();
+    while !listening(port) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what}: the server never listened on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_output(mut c: Child, limit: Duration, what: &str) -> Output {
     let t = Instant::now();
     loop {
@@ -82,14 +94,7 @@ fn pair(socks: &[String; 2], name: &str, args: &[&str], port: u16) -> (String, S
     let mut a: Vec<&str> = args.to_vec();
     a.extend(["-p", &p]);
     let server = tool(name, &socks[1], &a).spawn().unwrap();
-    let t = Instant::now();
-    while !listening(port) {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{name} {args:?}: the server never listened on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port, &format!("{name} {args:?}"));
     let mut ca = a.clone();
     ca.push("127.0.0.1");
     let client = tool(name, &socks[0], &ca).spawn().unwrap();
@@ -272,11 +277,7 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
     )
     .spawn()
     .unwrap();
-    let t = Instant::now();
-    while !listening(19901) {
-        assert!(t.elapsed() < Duration::from_secs(20), "no server");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(19901, "ib_write_bw -D 30");
     let mut client = tool(
         "ib_write_bw",
         &socks[0],

@@ -425,39 +425,24 @@ pub extern "C" fn ibv_modify_qp(q: *mut ibv_qp, a: *mut ibv_qp_attr, mask: c_int
         // Applied: remember what a query shows.
         let c = &mut g.attr;
         c.qp_state = state;
-        if has(IBV_QP_ACCESS_FLAGS) {
-            c.qp_access_flags = a.qp_access_flags;
+        macro_rules! keep {
+            ($($bit:ident => $field:ident),* $(,)?) => {
+                $(if has($bit) { c.$field = a.$field; })*
+            };
         }
-        if has(IBV_QP_AV) {
-            c.ah_attr = a.ah_attr;
-        }
-        if has(IBV_QP_PATH_MTU) {
-            c.path_mtu = a.path_mtu;
-        }
-        if has(IBV_QP_DEST_QPN) {
-            c.dest_qp_num = a.dest_qp_num;
-        }
-        if has(IBV_QP_QKEY) {
-            c.qkey = a.qkey;
-        }
-        if has(IBV_QP_TIMEOUT) {
-            c.timeout = a.timeout;
-        }
-        if has(IBV_QP_RETRY_CNT) {
-            c.retry_cnt = a.retry_cnt;
-        }
-        if has(IBV_QP_RNR_RETRY) {
-            c.rnr_retry = a.rnr_retry;
-        }
-        if has(IBV_QP_MIN_RNR_TIMER) {
-            c.min_rnr_timer = a.min_rnr_timer;
-        }
-        if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-            c.max_rd_atomic = a.max_rd_atomic;
-        }
-        if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
-            c.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        }
+        keep!(
+            IBV_QP_ACCESS_FLAGS => qp_access_flags,
+            IBV_QP_AV => ah_attr,
+            IBV_QP_PATH_MTU => path_mtu,
+            IBV_QP_DEST_QPN => dest_qp_num,
+            IBV_QP_QKEY => qkey,
+            IBV_QP_TIMEOUT => timeout,
+            IBV_QP_RETRY_CNT => retry_cnt,
+            IBV_QP_RNR_RETRY => rnr_retry,
+            IBV_QP_MIN_RNR_TIMER => min_rnr_timer,
+            IBV_QP_MAX_QP_RD_ATOMIC => max_rd_atomic,
+            IBV_QP_MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+        );
         drop(g);
         // SAFETY: the program's QP, whose state field libibverbs keeps current after a modify.
         unsafe { (*q).state = state };
@@ -563,55 +548,32 @@ fn building_of(w: &ibv_send_wr, g: &Inner) -> Res<Building> {
             };
         }
     }
-    let n = w.num_sge.max(0) as usize;
-    if n > g.cap.max_send_sge as usize {
-        return Err(Fail::inval(format!(
-            "{n} SGEs: the QP takes {}",
-            g.cap.max_send_sge
-        )));
-    }
-    let sges = if n == 0 || w.sg_list.is_null() {
-        &[][..]
-    } else {
-        // SAFETY: the caller's list of num_sge entries.
-        unsafe { core::slice::from_raw_parts(w.sg_list, n) }
-    };
+    let sges = sge_list(w.sg_list, w.num_sge.max(0) as usize, g.cap.max_send_sge)?;
     if b.flags & send_flags::INLINE != 0 {
         for s in sges {
             b.add_inline(s.addr, s.length as usize, g.cap.max_inline_data)?;
         }
     } else {
-        for s in sges {
-            b.sg.push(abi::Sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            });
-        }
+        b.sg.extend(sges.iter().map(abi_sge));
     }
     Ok(b)
 }
 
-/// `ibv_post_send` (through the context): each request of the chain into the send ring, in
-/// order; at the first that cannot go, `bad_wr` points at it.
-unsafe extern "C" fn post_send(
-    q: *mut ibv_qp,
-    mut w: *mut ibv_send_wr,
-    bad: *mut *mut ibv_send_wr,
+/// Posts each request of a chain in order (`one`); at the first that cannot go, `bad` points
+/// at it and its errno is returned.
+fn post_chain<W>(
+    verb: &str,
+    mut w: *mut W,
+    bad: *mut *mut W,
+    next: impl Fn(&W) -> *mut W,
+    mut one: impl FnMut(&W) -> Res<()>,
 ) -> c_int {
-    let Ok(p) = qp(q) else { return libc::EINVAL };
-    let mut g = p.lock();
     while !w.is_null() {
         // SAFETY: the caller's chain.
         let wr = unsafe { &*w };
-        let r = building_of(wr, &g).and_then(|b| match g.qp.post_send(&b.wqe()) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Fail::new(libc::ENOMEM, "the send queue is full")),
-            Err(e) => Err(e.into()),
-        });
-        if let Err(e) = r {
+        if let Err(e) = one(wr) {
             if e.errno != libc::ENOMEM {
-                eprintln!("ferroce: ibv_post_send: {}", e.msg);
+                eprintln!("ferroce: {verb}: {}", e.msg);
             }
             if !bad.is_null() {
                 // SAFETY: the caller's pointer.
@@ -619,65 +581,85 @@ unsafe extern "C" fn post_send(
             }
             return e.errno;
         }
-        w = wr.next;
+        w = next(wr);
     }
     0
+}
+
+/// A push into a ring: full is ENOMEM, as verbs says.
+fn pushed(r: Result<bool, verbs::client::ClientError>, queue: &str) -> Res<()> {
+    match r {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Fail::new(
+            libc::ENOMEM,
+            format!("the {queue} queue is full"),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `ibv_post_send` (through the context).
+unsafe extern "C" fn post_send(
+    q: *mut ibv_qp,
+    w: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let Ok(p) = qp(q) else { return libc::EINVAL };
+    let mut g = p.lock();
+    post_chain(
+        "ibv_post_send",
+        w,
+        bad,
+        |wr| wr.next,
+        |wr| {
+            let b = building_of(wr, &g)?;
+            pushed(g.qp.post_send(&b.wqe()), "send")
+        },
+    )
 }
 
 /// `ibv_post_recv` (through the context).
 unsafe extern "C" fn post_recv(
     q: *mut ibv_qp,
-    mut w: *mut ibv_recv_wr,
+    w: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let Ok(p) = qp(q) else { return libc::EINVAL };
     let mut g = p.lock();
-    while !w.is_null() {
-        // SAFETY: the caller's chain.
-        let wr = unsafe { &*w };
-        let n = wr.num_sge.max(0) as usize;
-        let r = if n > g.cap.max_recv_sge as usize {
-            Err(Fail::inval(format!(
-                "{n} SGEs: the QP takes {}",
-                g.cap.max_recv_sge
-            )))
-        } else {
-            let sges = if n == 0 || wr.sg_list.is_null() {
-                &[][..]
-            } else {
-                // SAFETY: the caller's list of num_sge entries.
-                unsafe { core::slice::from_raw_parts(wr.sg_list, n) }
-            };
+    post_chain(
+        "ibv_post_recv",
+        w,
+        bad,
+        |wr| wr.next,
+        |wr| {
+            let sges = sge_list(wr.sg_list, wr.num_sge.max(0) as usize, g.cap.max_recv_sge)?;
             let r = RecvWqe {
                 wr_id: wr.wr_id,
-                sg: sges
-                    .iter()
-                    .map(|s| abi::Sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    })
-                    .collect(),
+                sg: sges.iter().map(abi_sge).collect(),
             };
-            match g.qp.post_recv(&r) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Fail::new(libc::ENOMEM, "the receive queue is full")),
-                Err(e) => Err(e.into()),
-            }
-        };
-        if let Err(e) = r {
-            if e.errno != libc::ENOMEM {
-                eprintln!("ferroce: ibv_post_recv: {}", e.msg);
-            }
-            if !bad.is_null() {
-                // SAFETY: the caller's pointer.
-                unsafe { *bad = w };
-            }
-            return e.errno;
-        }
-        w = wr.next;
+            pushed(g.qp.post_recv(&r), "receive")
+        },
+    )
+}
+
+/// The program's list of `n` SGEs, refused past the QP's `max`.
+fn sge_list<'a>(list: *const ibv_sge, n: usize, max: u32) -> Res<&'a [ibv_sge]> {
+    if n > max as usize || (n > 0 && list.is_null()) {
+        return Err(Fail::inval(format!("{n} SGEs: the QP takes {max}")));
     }
-    0
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: verbs' contract: the list holds num_sge entries.
+    Ok(unsafe { core::slice::from_raw_parts(list, n) })
+}
+
+fn abi_sge(s: &ibv_sge) -> abi::Sge {
+    abi::Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
 }
 
 // The extended work-request API. Each `ibv_wr_<op>` call starts a request (its wr_id and flags
@@ -834,22 +816,9 @@ unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length:
 
 unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     with_current(q, |b, cap| {
-        if n > cap.max_send_sge as usize || (n > 0 && list.is_null()) {
-            return Err(Fail::inval(format!(
-                "{n} SGEs: the QP takes {}",
-                cap.max_send_sge
-            )));
-        }
+        let sges = sge_list(list, n, cap.max_send_sge)?;
         b.sg.clear();
-        for i in 0..n {
-            // SAFETY: the caller's list of n entries.
-            let s = unsafe { &*list.add(i) };
-            b.sg.push(abi::Sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            });
-        }
+        b.sg.extend(sges.iter().map(abi_sge));
         Ok(())
     });
 }
