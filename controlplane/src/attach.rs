@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use verbs::abi::{CQE_BYTES, RECV_HEADER, SEND_HEADER, SGE_BYTES};
 use verbs::attach::{AttachError, recv, send};
+use verbs::bell::{BELL_BYTES, BELL_QPS, Bells};
 use verbs::proto::{ModifyMsg, Reply, Request, RingPlace, VERSION};
 use verbs::ring::{Consumer, HEADER, Producer, RingLayout};
 use verbs::shm::SharedMem;
@@ -143,6 +144,10 @@ struct Session {
     qps: Vec<u32>,
     /// Its address handles (numbers roced gave).
     ahs: Vec<u32>,
+    /// Its doorbell memory (a region per lcore), made at Hello.
+    bells: Option<Arc<SharedMem>>,
+    /// By lcore: the number of its doorbell region there, once a QP of it lives there.
+    bell_regions: BTreeMap<usize, u32>,
 }
 
 /// Numbers sessions for the listing.
@@ -265,15 +270,29 @@ impl Session {
                         format!("this roced speaks attach protocol {VERSION}, not {version}"),
                     ));
                 }
+                let bytes = rdma.lcores().max(1) * BELL_BYTES;
+                let bells = Arc::new(
+                    SharedMem::create("ferroce-bells", bytes)
+                        .map_err(|e| refusal("no_memory", e.to_string()))?,
+                );
+                let fd = bells
+                    .fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| refusal("internal", e.to_string()))?;
+                self.bells = Some(bells);
                 self.pid = pid.max(1);
                 self.command = command;
                 tracing::info!(pid, command = %self.command, "application attached");
-                done(Reply::Welcome {
-                    device: "ferroce0".into(),
-                    gids: rdma.gids(0).iter().map(|g| g.to_string()).collect(),
-                    mtu: rdma.port_mtu(0).into(),
-                    mac: rdma.mac(0).map_or([0; 6], |m| m.0),
-                })
+                Ok((
+                    Reply::Welcome {
+                        device: "ferroce0".into(),
+                        gids: rdma.gids(0).iter().map(|g| g.to_string()).collect(),
+                        mtu: rdma.port_mtu(0).into(),
+                        mac: rdma.mac(0).map_or([0; 6], |m| m.0),
+                        bells: bytes,
+                    },
+                    vec![fd],
+                ))
             }
             Request::AllocPd => {
                 let pd = rdma.alloc_pd().map_err(from_rdma)?;
@@ -463,6 +482,24 @@ impl Session {
                     .map_err(from_rdma)?;
                 let rq_at = sq.bytes().next_multiple_of(64);
                 let bytes = rq_at + rq.bytes();
+                let bells = match self.bell_regions.get(&sl) {
+                    Some(&n) => n,
+                    None => {
+                        let mem = self.bells.clone().expect("made at Hello");
+                        let region = Bells::new(mem, sl * BELL_BYTES).ok_or_else(|| {
+                            refusal("internal", format!("no doorbell region for lcore {sl}"))
+                        });
+                        let n = match region.map(|r| rdma.add_app_bells(sl, r).map_err(from_rdma)) {
+                            Ok(Ok(n)) => n,
+                            Ok(Err(e)) | Err(e) => {
+                                let _ = rdma.destroy_qp(qpn);
+                                return Err(e);
+                            }
+                        };
+                        self.bell_regions.insert(sl, n);
+                        n
+                    }
+                };
                 let rings = (|| {
                     let mem = Arc::new(
                         SharedMem::create("ferroce-qp", bytes).map_err(|e| e.to_string())?,
@@ -474,6 +511,7 @@ impl Session {
                         send_cq: sn,
                         recv_cq: rn,
                         pd,
+                        bells,
                     };
                     let fd = mem.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
                     Ok::<_, String>((q, fd))
@@ -485,10 +523,13 @@ impl Session {
                         return Err(refusal("no_memory", e));
                     }
                 };
-                if let Err(e) = rdma.attach_app_qp(q) {
-                    let _ = rdma.destroy_qp(qpn);
-                    return Err(from_rdma(e));
-                }
+                let bit = match rdma.attach_app_qp(q) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = rdma.destroy_qp(qpn);
+                        return Err(from_rdma(e));
+                    }
+                };
                 self.qps.push(qpn);
                 Ok((
                     Reply::Qp {
@@ -505,6 +546,7 @@ impl Session {
                             slot_size: rq.slot_size,
                         },
                         sq_psn,
+                        bell: sl as u32 * BELL_QPS + bit,
                     },
                     vec![fd],
                 ))
@@ -540,6 +582,9 @@ impl Session {
         }
         for (lcore, n) in self.cqs.values() {
             let _ = rdma.remove_app_cq(*lcore, *n);
+        }
+        for (lcore, n) in &self.bell_regions {
+            rdma.remove_app_bells(*lcore, *n);
         }
         for a in &self.ahs {
             rdma.remove_app_ah(*a);

@@ -14,6 +14,7 @@
 
 use crate::abi::{self, Cqe, RecvWqe, SendWqe};
 use crate::attach::{AttachError, recv, send};
+use crate::bell::{BELL_BYTES, BELL_QPS, Bell};
 use crate::proto::{ModifyMsg, QpCapsMsg, Reply, Request, RingPlace, VERSION};
 use crate::ring::{Consumer, Producer, RingError, RingLayout};
 use crate::shm::{SharedMem, ShmError};
@@ -177,13 +178,19 @@ pub struct Qp {
     sq: Producer,
     rq: Producer,
     slot: Vec<u8>,
+    bell: Bell,
+    bit: u32,
 }
 
 impl Qp {
     /// Posts a send work request (`ibv_post_send`); Ok(false) if the send queue is full.
     pub fn post_send(&mut self, w: &SendWqe<'_>) -> Result<bool, ClientError> {
         let n = w.encode(&mut self.slot)?;
-        Ok(self.sq.push(&self.slot[..n])?)
+        let pushed = self.sq.push(&self.slot[..n])?;
+        if pushed {
+            self.bell.ring(self.bit);
+        }
+        Ok(pushed)
     }
 
     /// Writes a send work request into the send queue without publishing it (see
@@ -195,7 +202,10 @@ impl Qp {
 
     /// Publishes the staged send work requests: the lcore takes them from now on.
     pub fn publish_sends(&mut self) {
-        self.sq.publish();
+        if self.sq.staged() > 0 {
+            self.sq.publish();
+            self.bell.ring(self.bit);
+        }
     }
 
     /// Forgets the staged send work requests.
@@ -211,7 +221,11 @@ impl Qp {
     /// Posts a receive (`ibv_post_recv`); Ok(false) if the receive queue is full.
     pub fn post_recv(&mut self, r: &RecvWqe) -> Result<bool, ClientError> {
         let n = r.encode(&mut self.slot)?;
-        Ok(self.rq.push(&self.slot[..n])?)
+        let pushed = self.rq.push(&self.slot[..n])?;
+        if pushed {
+            self.bell.ring(self.bit);
+        }
+        Ok(pushed)
     }
 }
 
@@ -227,6 +241,8 @@ pub struct Context {
     pub mtu: u32,
     /// Port 0's MAC address.
     pub mac: [u8; 6],
+    /// The doorbell memory (a region per lcore).
+    bells: Option<Arc<SharedMem>>,
 }
 
 fn ring_of<T>(
@@ -255,6 +271,7 @@ impl Context {
             gids: Vec::new(),
             mtu: 0,
             mac: [0; 6],
+            bells: None,
         };
         let command = std::env::args().next().unwrap_or_default();
         match c.call(
@@ -271,9 +288,11 @@ impl Context {
                     gids,
                     mtu,
                     mac,
+                    bells,
                 },
-                _,
-            ) => {
+                mut fds,
+            ) if fds.len() == 1 => {
+                c.bells = Some(Arc::new(SharedMem::map(fds.remove(0), bells)?));
                 c.device = device;
                 c.gids = gids;
                 c.mtu = mtu;
@@ -491,17 +510,24 @@ impl Context {
                     sq,
                     rq,
                     sq_psn,
+                    bell,
                 },
                 mut fds,
             ) if fds.len() == 1 => {
                 let mem = Arc::new(SharedMem::map(fds.remove(0), bytes)?);
                 let slot = vec![0u8; sq.slot_size.max(rq.slot_size) as usize];
+                let bells = self.bells.clone().expect("attached with doorbells");
+                let region = (bell / BELL_QPS) as usize * BELL_BYTES;
+                let bell_of = Bell::new(bells, region)
+                    .ok_or_else(|| ClientError::Unexpected(format!("doorbell {bell}")))?;
                 Ok(Qp {
                     qpn,
                     sq_psn,
                     sq: ring_of(&mem, sq, Producer::new)?,
                     rq: ring_of(&mem, rq, Producer::new)?,
                     slot,
+                    bell: bell_of,
+                    bit: bell % BELL_QPS,
                 })
             }
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),

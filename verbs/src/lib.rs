@@ -9,6 +9,8 @@
 //!   sees more entries than the ring holds reports the ring corrupt instead of reading past it.
 //! - [`adopt`]: the process's own memory (malloc, stack, data) made shareable in place, so that
 //!   `ibv_reg_mr` on it gives roced's lcores the same bytes the program sees.
+//! - [`bell`]: doorbells, a bit per QP in shared memory per application and lcore, so that an
+//!   lcore reads only the rings of QPs that have new work.
 //! - [`attach`]: the attach socket's framing: control verbs as length-prefixed JSON messages
 //!   over a Unix stream socket, shared memory's descriptors passed with them (SCM_RIGHTS).
 //! - [`proto`]: the control verbs on that socket and roced's replies.
@@ -25,6 +27,7 @@
 pub mod abi;
 pub mod adopt;
 pub mod attach;
+pub mod bell;
 pub mod client;
 pub mod proto;
 pub mod ring;

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 /// What the attach protocol is at (a client of another version is refused at `Hello`).
-pub const VERSION: u32 = 1;
+/// (2: the lcore reads a QP's rings when its doorbell rings, `Welcome` carries the doorbell
+/// memory and `Qp` the QP's bit in it.)
+pub const VERSION: u32 = 2;
 
 /// Where a ring lies in the memory a reply's descriptor maps, and its shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +201,9 @@ pub enum Reply {
         /// Port 0's MAC address (the device's GUID is made from it, as rxe's).
         #[serde(default)]
         mac: [u8; 6],
+        /// Bytes of the doorbell memory that comes with it: a region of
+        /// [`crate::bell::BELL_BYTES`] for each lcore, one after the other.
+        bells: usize,
     },
     /// A protection domain.
     Pd {
@@ -233,6 +238,9 @@ pub enum Reply {
         rq: RingPlace,
         /// The PSN it will start sending with unless a modify to RTS names another.
         sq_psn: u32,
+        /// Its doorbell: region `bell / BELL_QPS` of the doorbell memory, bit `bell % BELL_QPS`
+        /// (see [`crate::bell`]), rung after publishing entries in either ring.
+        bell: u32,
     },
     /// An address handle (never 0: a send entry naming address handle 0 is an RC one).
     Ah {

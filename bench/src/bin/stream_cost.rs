@@ -168,6 +168,7 @@ fn main() {
 fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
     use dataplane::host::AppQueues;
     use verbs::abi::{self, Cqe, SendWqe, UdTarget, WrOpcode, send_flags};
+    use verbs::bell::{BELL_BYTES, Bell, Bells};
     use verbs::ring::{Consumer, Producer, RingLayout};
     use verbs::shm::SharedMem;
     let slots = (a.depth as u32).next_power_of_two().max(2);
@@ -182,7 +183,10 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         sq.bytes() + rq.bytes(),
         sq.bytes() + rq.bytes() + cq.bytes(),
     ];
-    let mem = Arc::new(SharedMem::create("stream_cost", at[3] + cq.bytes()).expect("memory"));
+    let bell_at = (at[3] + cq.bytes()).next_multiple_of(64);
+    let mem = Arc::new(SharedMem::create("stream_cost", bell_at + BELL_BYTES).expect("memory"));
+    let bell = Bell::new(mem.clone(), bell_at).expect("doorbell");
+    let bells = Bells::new(mem.clone(), bell_at).expect("doorbell");
     let mut post = Producer::new(mem.clone(), at[0], sq).expect("ring");
     let mut done = Consumer::new(mem.clone(), at[2], cq).expect("ring");
     let q = AppQueues {
@@ -192,23 +196,27 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         send_cq: 0,
         recv_cq: 0,
         pd: 0,
+        bells: 0,
     };
     let scq = Producer::new(mem.clone(), at[2], cq).expect("ring");
     let rcq = Producer::new(mem, at[3], cq).expect("ring");
-    two.call(0, move |h, _| {
-        let send_cq = h.apps.add_cq(scq, None);
-        let recv_cq = h.apps.add_cq(rcq, None);
-        h.apps.attach(
-            &mut h.dev,
-            AppQueues {
-                send_cq,
-                recv_cq,
-                ..q
-            },
-        )
-    })
-    .expect("the worker answers")
-    .expect("attach");
+    let bit = two
+        .call(0, move |h, _| {
+            let send_cq = h.apps.add_cq(scq, None);
+            let recv_cq = h.apps.add_cq(rcq, None);
+            let bells = h.apps.add_bells(bells);
+            h.apps.attach(
+                &mut h.dev,
+                AppQueues {
+                    send_cq,
+                    recv_cq,
+                    bells,
+                    ..q
+                },
+            )
+        })
+        .expect("the worker answers")
+        .expect("attach");
     let mut sg = arrayvec::ArrayVec::new();
     sg.push(abi::Sge {
         addr: PAIR_VA,
@@ -239,6 +247,8 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
             if !post.push(&slot[..n]).expect("ring") {
                 break;
             }
+            // One ibv_post_send of one work request: its doorbell.
+            bell.ring(bit);
             posted += 1;
         }
         two.turn();

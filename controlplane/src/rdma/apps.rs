@@ -3,6 +3,7 @@
 
 use super::*;
 use dataplane::host::{AppError, AppQueues};
+use verbs::bell::Bells;
 use verbs::ring::Producer;
 
 impl Rdma {
@@ -105,11 +106,27 @@ impl Rdma {
             .map_err(app_error)
     }
 
-    /// Has QP `q.qpn`'s lcore drive it from the application's rings.
-    pub fn attach_app_qp(&self, q: AppQueues) -> Result<(), RdmaError> {
+    /// Has QP `q.qpn`'s lcore drive it from the application's rings: the bit the application
+    /// rings for it in its doorbell region there.
+    pub fn attach_app_qp(&self, q: AppQueues) -> Result<u32, RdmaError> {
         let l = self.lcore_of(q.qpn)?;
         self.ask(l, move |h, _| h.apps.attach(&mut h.dev, q))?
             .map_err(app_error)
+    }
+
+    /// Hands an application's doorbell region to lcore `lcore`: its number there.
+    pub fn add_app_bells(&self, lcore: usize, bells: Bells) -> Result<u32, RdmaError> {
+        if lcore >= self.lcores.len() {
+            return Err(RdmaError::not_found(format!("no lcore {lcore}")));
+        }
+        self.ask(lcore, move |h, _| h.apps.add_bells(bells))
+    }
+
+    /// Takes doorbell region `n` back from lcore `lcore`.
+    pub fn remove_app_bells(&self, lcore: usize, n: u32) {
+        if lcore < self.lcores.len() {
+            let _ = self.ask(lcore, move |h, _| h.apps.remove_bells(n).map(drop));
+        }
     }
 }
 
@@ -119,6 +136,14 @@ fn app_error(e: AppError) -> RdmaError {
         AppError::CqInUse(n) => RdmaError::conflict(
             "cq_busy",
             format!("QPs still complete into completion ring {n}: destroy them first"),
+        ),
+        AppError::NoBells(n) => RdmaError::not_found(format!("no doorbell region {n}")),
+        AppError::BellsFull(n) => RdmaError::conflict(
+            "too_many_qps",
+            format!(
+                "doorbell region {n} rings {} QPs already",
+                verbs::bell::BELL_QPS
+            ),
         ),
         AppError::Device(d) => d.into(),
     }

@@ -2,12 +2,17 @@
 //! writes work queue entries into, and the completion rings it reads, as one more input and
 //! output of the shard's device (issue 21; the attach socket that sets them up comes next).
 //!
-//! Each loop iteration, [`Apps::poll`] takes what every attached QP's rings hold (a bounded
-//! number of entries per ring), decodes each entry from its private copy
-//! ([`verbs::ring::Consumer::pop`]), turns it into the transport's work request and posts it on the
-//! device; then it moves the QP's completions, which the device keeps in the QP's own queues
-//! for it ([`Device::claim_qp`]), into the application's completion rings, as many as they
-//! have room for (the rest wait, first in line). Nothing here allocates, locks or makes a
+//! The lcore visits only QPs that have something to do. An application rings its doorbell
+//! ([`verbs::bell`]: one region per application on each lcore, a bit per QP) after
+//! publishing entries; the device raises an event when a QP's completions change. Each loop
+//! iteration, [`Apps::poll`] looks at each region's summary word (one load for an application
+//! with nothing new), and visits the QPs rung, the QPs the device named, and the QPs it could
+//! not finish last time. A visit takes what the QP's rings hold (a bounded number of entries
+//! per ring), decodes each entry from its private copy ([`verbs::ring::Consumer::pop`]), turns
+//! it into the transport's work request and posts it on the device; then it moves the QP's
+//! completions, which the device keeps in the QP's own queues for it ([`Device::claim_qp`]),
+//! into the application's completion rings, as many as they have room for (the rest wait,
+//! first in line, and the QP is visited again). Nothing here allocates, locks or makes a
 //! system call.
 //!
 //! Bad input stays with its QP. An entry that does not decode, or that the QP refuses, completes
@@ -18,11 +23,12 @@
 
 use crate::time::Instant;
 use transport::cq::{WcOpcode, WcStatus, WorkCompletion};
-use transport::device::{Claim, Device, DeviceError};
+use transport::device::{Claim, Device, DeviceError, Event};
 use transport::qp::{Path, QpAttr, QpState};
 use transport::rc::PostError;
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WrError};
 use verbs::abi::{self, Cqe, RecvWqe, SendView, WrOpcode, send_flags};
+use verbs::bell::{BELL_QPS, Bells};
 use verbs::ring::{Consumer, Producer};
 
 // The rings' scatter/gather lists fit the transport's.
@@ -49,6 +55,8 @@ pub struct AppQueues {
     pub recv_cq: u32,
     /// Its protection domain (a UD send may name only address handles of it).
     pub pd: u32,
+    /// The doorbell region its application rings it in ([`Apps::add_bells`]).
+    pub bells: u32,
 }
 
 /// Why rings were refused.
@@ -60,6 +68,12 @@ pub enum AppError {
     /// QPs still complete into the ring.
     #[error("QPs still complete into ring {0}")]
     CqInUse(u32),
+    /// No doorbell region of that number on this lcore.
+    #[error("no doorbell region {0} on this lcore")]
+    NoBells(u32),
+    /// Every bit of the doorbell region rings a QP already.
+    #[error("doorbell region {0} rings {BELL_QPS} QPs already")]
+    BellsFull(u32),
     /// The device refused.
     #[error(transparent)]
     Device(#[from] DeviceError),
@@ -78,6 +92,8 @@ pub struct AppCounters {
     pub refused: u64,
     /// Rings abandoned because their indices were impossible.
     pub broken_rings: u64,
+    /// Visits to QPs (rung, named by the device, or left unfinished): an idle QP costs none.
+    pub visits: u64,
 }
 
 #[derive(Debug)]
@@ -85,6 +101,20 @@ struct AppQp {
     q: AppQueues,
     /// A ring of it was corrupt: the QP is in ERR and its rings are read no more.
     broken: bool,
+    /// Its slot on the device.
+    slot: u32,
+    /// Its bit in its doorbell region.
+    bit: u32,
+    /// It is on the list of QPs to visit.
+    queued: bool,
+}
+
+/// One application's doorbell region on this lcore, and which QP each bit rings.
+#[derive(Debug)]
+struct BellRegion {
+    bells: Bells,
+    /// By bit: the QP's index in [`Apps::qps`] + 1 (0: none).
+    qps: Vec<u32>,
 }
 
 /// A completion ring, and the eventfd of its completion channel.
@@ -99,7 +129,18 @@ struct AppCq {
 /// the lcore of their CQs).
 #[derive(Debug)]
 pub struct Apps {
-    qps: Vec<AppQp>,
+    /// By index (None: a free index).
+    qps: Vec<Option<AppQp>>,
+    /// By device slot: the QP's index + 1 (0: not an application's QP).
+    by_slot: Vec<u32>,
+    /// Doorbell regions by number (None: a freed number).
+    bells: Vec<Option<BellRegion>>,
+    /// QPs to visit on the next poll, and the list being visited (capacity for every QP, so
+    /// that queueing never allocates).
+    work: Vec<u32>,
+    visiting: Vec<u32>,
+    /// QPs attached.
+    live: usize,
     /// Completion rings by number (None: a freed number).
     cqs: Vec<Option<AppCq>>,
     /// Address handles by number - 1, with their protection domain (None: a freed number).
@@ -114,6 +155,11 @@ impl Default for Apps {
     fn default() -> Self {
         Apps {
             qps: Vec::new(),
+            by_slot: Vec::new(),
+            bells: Vec::new(),
+            work: Vec::new(),
+            visiting: Vec::new(),
+            live: 0,
             cqs: Vec::new(),
             ahs: Vec::new(),
             slot: Box::new([0; MAX_SLOT]),
@@ -140,13 +186,39 @@ impl Apps {
         }
     }
 
+    /// Takes an application's doorbell region on this lcore: its number for [`AppQueues`].
+    pub fn add_bells(&mut self, bells: Bells) -> u32 {
+        let r = Some(BellRegion {
+            bells,
+            qps: Vec::new(),
+        });
+        match self.bells.iter().position(Option::is_none) {
+            Some(i) => {
+                self.bells[i] = r;
+                i as u32
+            }
+            None => {
+                self.bells.push(r);
+                self.bells.len() as u32 - 1
+            }
+        }
+    }
+
+    /// Gives doorbell region `n` back (its QPs, if any are left, are no longer rung: they
+    /// move only when the device names them).
+    pub fn remove_bells(&mut self, n: u32) -> Option<Bells> {
+        let r = self.bells.get_mut(n as usize)?.take()?;
+        Some(r.bells)
+    }
+
     /// Gives completion ring `cq` back, refused while a QP of `dev` completes into it (QPs
-    /// destroyed since the last poll no longer count).
+    /// destroyed already no longer count).
     pub fn remove_cq(&mut self, dev: &Device, cq: u32) -> Result<Producer, AppError> {
-        self.qps.retain(|a| dev.index(a.q.qpn).is_some());
         if self
             .qps
             .iter()
+            .flatten()
+            .filter(|a| dev.index(a.q.qpn).is_some())
             .any(|a| a.q.send_cq == cq || a.q.recv_cq == cq)
         {
             return Err(AppError::CqInUse(cq));
@@ -181,13 +253,24 @@ impl Apps {
     }
 
     /// Drives QP `q.qpn` of `dev` from these rings from now on (its completions go to its
-    /// completion rings).
-    pub fn attach(&mut self, dev: &mut Device, q: AppQueues) -> Result<(), AppError> {
+    /// completion rings): the bit its application rings in its doorbell region.
+    pub fn attach(&mut self, dev: &mut Device, q: AppQueues) -> Result<u32, AppError> {
         for cq in [q.send_cq, q.recv_cq] {
             if !matches!(self.cqs.get(cq as usize), Some(Some(_))) {
                 return Err(AppError::NoCq(cq));
             }
         }
+        let region = self
+            .bells
+            .get(q.bells as usize)
+            .and_then(Option::as_ref)
+            .ok_or(AppError::NoBells(q.bells))?;
+        let bit = match region.qps.iter().position(|&i| i == 0) {
+            Some(b) => b as u32,
+            None if region.qps.len() < BELL_QPS as usize => region.qps.len() as u32,
+            None => return Err(AppError::BellsFull(q.bells)),
+        };
+        let slot = dev.index(q.qpn).ok_or(DeviceError::NoQp(q.qpn))?;
         dev.claim_qp(
             q.qpn,
             Claim {
@@ -195,61 +278,162 @@ impl Apps {
                 recv: true,
             },
         )?;
-        self.qps.retain(|a| a.q.qpn != q.qpn);
-        self.qps.push(AppQp { q, broken: false });
-        Ok(())
+        self.detach(q.qpn);
+        let i = match self.qps.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.qps.push(None);
+                self.qps.len() - 1
+            }
+        };
+        let region = self.bells[q.bells as usize]
+            .as_mut()
+            .expect("looked up above");
+        if region.qps.len() <= bit as usize {
+            region.qps.resize(bit as usize + 1, 0);
+        }
+        region.qps[bit as usize] = i as u32 + 1;
+        if self.by_slot.len() <= slot {
+            self.by_slot.resize(slot + 1, 0);
+        }
+        self.by_slot[slot] = i as u32 + 1;
+        // Room to queue every QP, each once, without allocating on the lcore's path.
+        let n = self.qps.len();
+        self.work.reserve(n.saturating_sub(self.work.len()));
+        self.visiting.reserve(n.saturating_sub(self.visiting.len()));
+        self.qps[i] = Some(AppQp {
+            q,
+            broken: false,
+            slot: slot as u32,
+            bit,
+            // Visited once now, for entries published before it was attached.
+            queued: true,
+        });
+        self.work.push(i as u32);
+        self.live += 1;
+        Ok(bit)
     }
 
     /// Stops reading QP `qpn`'s rings and gives them back (the QP itself is the device's).
     pub fn detach(&mut self, qpn: u32) -> Option<AppQueues> {
-        let i = self.qps.iter().position(|a| a.q.qpn == qpn)?;
-        Some(self.qps.swap_remove(i).q)
+        let i = self
+            .qps
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.q.qpn == qpn))?;
+        let a = self.qps[i].take()?;
+        if let Some(Some(r)) = self.bells.get_mut(a.q.bells as usize)
+            && let Some(b) = r.qps.get_mut(a.bit as usize)
+            && *b == i as u32 + 1
+        {
+            *b = 0;
+        }
+        if let Some(s) = self.by_slot.get_mut(a.slot as usize)
+            && *s == i as u32 + 1
+        {
+            *s = 0;
+        }
+        self.work.retain(|&w| w as usize != i);
+        self.live -= 1;
+        Some(a.q)
     }
 
     /// QPs driven by rings.
     pub fn len(&self) -> usize {
-        self.qps.len()
+        self.live
     }
 
     /// True when no QP is driven by rings.
     pub fn is_empty(&self) -> bool {
-        self.qps.is_empty()
+        self.live == 0
     }
 
-    /// Takes what the rings hold, posts it, and writes what completed (see the module doc).
+    /// What the device said of one of its QPs: an application's QP with news (completions,
+    /// a state change) is visited on the next poll; a destroyed one is read no more.
+    #[inline]
+    pub fn on_event(&mut self, e: &Event) {
+        match *e {
+            Event::Activity { slot } => {
+                if let Some(&i) = self.by_slot.get(slot as usize)
+                    && i != 0
+                {
+                    queue(&mut self.qps, &mut self.work, i - 1);
+                }
+            }
+            Event::Destroyed { slot, qpn } => {
+                if let Some(&i) = self.by_slot.get(slot as usize)
+                    && i != 0
+                {
+                    self.detach(qpn);
+                }
+            }
+        }
+    }
+
+    /// Visits the QPs rung, named by the device, or left unfinished: takes what their rings
+    /// hold, posts it, and writes what completed (see the module doc).
     // Not inlined into the loop's poll: a shard without application QPs never calls it.
     #[inline(never)]
     pub fn poll(&mut self, dev: &mut Device, now: Instant) {
+        for r in self.bells.iter().flatten() {
+            let (qps, work) = (&mut self.qps, &mut self.work);
+            r.bells.take(|bit| {
+                if let Some(&i) = r.qps.get(bit as usize)
+                    && i != 0
+                {
+                    queue(qps, work, i - 1);
+                }
+            });
+        }
+        if self.work.is_empty() {
+            return;
+        }
+        core::mem::swap(&mut self.work, &mut self.visiting);
         let slot = &mut self.slot[..];
         let c = &mut self.counters;
         let cqs = &mut self.cqs[..];
         let ahs = &self.ahs[..];
-        let mut gone = false;
-        for a in &mut self.qps {
-            if dev.index(a.q.qpn).is_none() {
-                // Destroyed: its rings are read no more.
-                gone = true;
+        for &i in &self.visiting {
+            let Some(Some(a)) = self.qps.get_mut(i as usize) else {
+                continue;
+            };
+            a.queued = false;
+            c.visits += 1;
+            if dev.index(a.q.qpn) != Some(a.slot as usize) {
+                // Destroyed (the device's event detaches it).
                 continue;
             }
-            if a.broken {
-                // Its completions (the flushes) still reach the application.
-                complete(dev, a, cqs, c);
-                continue;
-            }
-            take::<true>(dev, a, slot, cqs, ahs, c, now);
+            // Its completions (the flushes, for a broken QP) still reach the application.
+            let mut more = false;
             if !a.broken {
-                take::<false>(dev, a, slot, cqs, ahs, c, now);
+                more |= take::<true>(dev, a, slot, cqs, ahs, c, now);
+                if !a.broken {
+                    more |= take::<false>(dev, a, slot, cqs, ahs, c, now);
+                }
             }
-            complete(dev, a, cqs, c);
+            more |= complete(dev, a, cqs, c);
+            if more {
+                a.queued = true;
+                self.work.push(i);
+            }
         }
-        if gone {
-            self.qps.retain(|a| dev.index(a.q.qpn).is_some());
-        }
+        self.visiting.clear();
+    }
+}
+
+/// Puts QP `i` on the list of QPs to visit, once.
+#[inline]
+fn queue(qps: &mut [Option<AppQp>], work: &mut Vec<u32>, i: u32) {
+    if let Some(Some(a)) = qps.get_mut(i as usize)
+        && !a.queued
+    {
+        a.queued = true;
+        work.push(i);
     }
 }
 
 /// Takes up to [`ENTRIES_PER_POLL`] entries from the QP's send ring (`SEND`) or receive ring
-/// and posts them; stops at an empty ring, a refused entry or a corrupt ring. (`SEND` is a
+/// and posts them; stops at an empty ring, a refused entry or a corrupt ring. True if it
+/// stopped at the bound, with entries perhaps left for the next visit. (`SEND` is a
 /// constant so that each ring's loop is compiled for it, and a refused entry's completion is
 /// built only when one is refused: a run-time flag and a completion built for every entry cost
 /// 28 instructions a message in stream_cost --app, this 4.)
@@ -261,15 +445,18 @@ fn take<const SEND: bool>(
     ahs: &[Option<(u32, Path)>],
     c: &mut AppCounters,
     now: Instant,
-) {
+) -> bool {
     let ring = if SEND { &mut a.q.sq } else { &mut a.q.rq };
     let size = ring.layout().slot_size as usize;
     for _ in 0..ENTRIES_PER_POLL {
         let ring = if SEND { &mut a.q.sq } else { &mut a.q.rq };
         match ring.pop(&mut slot[..size]) {
             Ok(true) => {}
-            Ok(false) => return,
-            Err(_) => return broken(dev, a, c),
+            Ok(false) => return false,
+            Err(_) => {
+                broken(dev, a, c);
+                return false;
+            }
         }
         let entry = &slot[..size];
         let r = if SEND {
@@ -304,10 +491,12 @@ fn take<const SEND: bool>(
             Err(status) => {
                 c.refused += 1;
                 complete_now(dev, a, cqs, c, &done(), status);
-                return to_err(dev, a.q.qpn);
+                to_err(dev, a.q.qpn);
+                return false;
             }
         }
     }
+    true
 }
 
 /// Decodes a send entry in place and posts it.
@@ -427,17 +616,29 @@ fn push(cqs: &mut [Option<AppCq>], cq: u32, wc: &WorkCompletion) -> bool {
     }
 }
 
-/// Moves the QP's completions into its completion rings while they have room.
-fn complete(dev: &mut Device, a: &mut AppQp, cqs: &mut [Option<AppCq>], c: &mut AppCounters) {
+/// Moves the QP's completions into its completion rings while they have room; true if some
+/// are left (a ring was full).
+fn complete(
+    dev: &mut Device,
+    a: &mut AppQp,
+    cqs: &mut [Option<AppCq>],
+    c: &mut AppCounters,
+) -> bool {
+    let mut full = false;
     for (send, cq) in [(true, a.q.send_cq), (false, a.q.recv_cq)] {
         let n = dev
-            .take_completions(a.q.qpn, send, |wc| push(cqs, cq, wc))
+            .take_completions(a.q.qpn, send, |wc| {
+                let ok = push(cqs, cq, wc);
+                full |= !ok;
+                ok
+            })
             .unwrap_or(0);
         if n > 0 {
             c.completions += n as u64;
             notify(cqs, cq);
         }
     }
+    full
 }
 
 /// Tells the application of new completions on ring `cq` if it armed the ring and gave a

@@ -194,13 +194,17 @@ impl<B: PacketBuf> RdmaHost<B> {
         }
     }
 
-    /// The device's events to the tests (what the iteration's frames, timers or command did
-    /// to their QPs: once per QP however many frames it took), then what the ready QPs have
-    /// to send. Events that sending raises wait for the next iteration.
+    /// The device's events to the tests and the applications' queues (what the iteration's
+    /// frames, timers or command did to their QPs: once per QP however many frames it took),
+    /// then what the ready QPs have to send. Events that sending raises wait for the next
+    /// iteration.
     fn flush<Q: PortQueue<Buf = B>>(&mut self, io: &mut Io<'_, Q>) {
         let now = io.now;
         let s = &mut self.shard;
-        s.tests.handle_events(&mut s.dev, now);
+        while let Some(e) = s.dev.poll_event() {
+            s.apps.on_event(&e);
+            s.tests.handle_event(&mut s.dev, e, now);
+        }
         if s.dev.has_ready() {
             let mut tx = LcoreTx {
                 io,

@@ -298,6 +298,7 @@ fn frames_on_another_lcores_queue_are_handed_to_the_owner() {
 mod app_rings {
     use super::*;
     use verbs::abi::{self, Cqe, SendWqe, WrOpcode, send_flags};
+    use verbs::bell::{BELL_BYTES, Bell, Bells};
     use verbs::ring::{Consumer, Producer, RingLayout};
     use verbs::shm::SharedMem;
 
@@ -305,19 +306,25 @@ mod app_rings {
         pub sq: Producer,
         pub scq: Consumer,
         pub mem: Arc<SharedMem>,
+        /// Its doorbell, and the bit that rings its QP.
+        pub bell: Bell,
+        pub bit: u32,
     }
 
     /// Rings for QP `qpn` of `host`: the application's ends, and the lcore's attached (one
     /// completion ring for both of its queues, as a QP created with one CQ has).
     pub(super) fn attach(host: &HostControl, qpn: u32) -> App {
-        let (app, q, cq) = rings(qpn);
-        ask(host, move |h, _| {
+        let (mut app, q, cq) = rings(qpn);
+        let bells = Bells::new(app.mem.clone(), app.mem.len() - BELL_BYTES).unwrap();
+        app.bit = ask(host, move |h, _| {
             let n = h.apps.add_cq(cq, None);
+            let bells = h.apps.add_bells(bells);
             h.apps.attach(
                 &mut h.dev,
                 AppQueues {
                     send_cq: n,
                     recv_cq: n,
+                    bells,
                     ..q
                 },
             )
@@ -338,11 +345,14 @@ mod app_rings {
             sq.bytes() + rq.bytes(),
             sq.bytes() + rq.bytes() + cq.bytes(),
         ];
-        let mem = Arc::new(SharedMem::create("ferroce-app-test", at[3] + cq.bytes()).unwrap());
+        let bell_at = (at[3] + cq.bytes()).next_multiple_of(64);
+        let mem = Arc::new(SharedMem::create("ferroce-app-test", bell_at + BELL_BYTES).unwrap());
         let app = App {
             sq: Producer::new(mem.clone(), at[0], sq).unwrap(),
             scq: Consumer::new(mem.clone(), at[2], cq).unwrap(),
             mem: mem.clone(),
+            bell: Bell::new(mem.clone(), bell_at).unwrap(),
+            bit: 0,
         };
         let lcore = AppQueues {
             qpn,
@@ -351,6 +361,7 @@ mod app_rings {
             send_cq: 0,
             recv_cq: 0,
             pd: 0,
+            bells: 0,
         };
         (app, lcore, Producer::new(mem, at[2], cq).unwrap())
     }
@@ -382,6 +393,7 @@ mod app_rings {
             let mut slot = [0u8; 128];
             let n = w.encode(&mut slot).unwrap();
             assert!(self.sq.push(&slot[..n]).unwrap(), "send queue full");
+            self.bell.ring(self.bit);
         }
 
         /// The next completion, waiting up to 20 s.
@@ -446,6 +458,7 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     write(3, one.ka, one.kb, 0, 64).encode(&mut bad).unwrap();
     bad[8] = 7; // IBV_WR_LOCAL_INV: not offered
     assert!(app1.sq.push(&bad).unwrap());
+    app1.bell.ring(app1.bit);
     let c = app1.completion();
     assert_eq!((c.wr_id, c.status), (3, 2), "IBV_WC_LOC_QP_OP_ERR");
     app1.post(&write(4, one.ka, one.kb, 0, 64));
@@ -459,6 +472,7 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     // is corrupted (a producer index far past the ring).
     // SAFETY: the send ring's producer index, at the start of the shared memory.
     unsafe { (app1.mem.as_ptr() as *mut u32).write_volatile(1000) };
+    app1.bell.ring(app1.bit);
     let p2 = pattern.clone();
     let ka2 = two.ka;
     ask(&a, move |h, _| h.dev.write_mr(ka2, PAIR_VA, &p2))
@@ -487,6 +501,41 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     // flushed behind it are not.
     assert_eq!(counters.sends, 12, "{counters:?}");
     assert_eq!(counters.completions, 14, "{counters:?}");
+    stop_all([&a, &b], vec![ta, tb]);
+}
+
+#[test]
+fn the_lcore_visits_only_qps_whose_doorbell_rang_or_that_the_device_named() {
+    use app_rings::{attach, write};
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    let p = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let mut app = attach(&a, p.qpa);
+    let visits = || ask(&a, |h, _| h.apps.counters.visits).unwrap();
+    // Each ask is a turn of the lcore's loop at least: an idle QP is not visited in any.
+    let idle = visits();
+    for _ in 0..200 {
+        assert_eq!(visits(), idle, "an idle QP was visited");
+    }
+    // An entry published without its doorbell is not read...
+    let mut slot = [0u8; 128];
+    let n = write(1, p.ka, p.kb, 0, 64).encode(&mut slot).unwrap();
+    assert!(app.sq.push(&slot[..n]).unwrap());
+    for _ in 0..200 {
+        assert_eq!(visits(), idle, "a QP was visited without its doorbell");
+    }
+    assert_eq!(ask(&a, |h, _| h.apps.counters.sends).unwrap(), 0);
+    // ...and is, once rung; its completion (from the peer's ACK: the device names the QP)
+    // comes in a few more visits.
+    app.bell.ring(app.bit);
+    let c = app.completion();
+    assert_eq!((c.wr_id, c.status), (1, 0));
+    let busy = visits();
+    assert!(busy > idle && busy <= idle + 4, "{idle} then {busy} visits");
+    for _ in 0..200 {
+        assert_eq!(visits(), busy, "an idle QP was visited");
+    }
     stop_all([&a, &b], vec![ta, tb]);
 }
 

@@ -146,10 +146,16 @@ impl Tests {
     #[inline]
     pub fn handle_events(&mut self, dev: &mut Device, now: Instant) {
         while let Some(e) = dev.poll_event() {
-            match e {
-                Event::Activity { slot } => self.drive(dev, slot as usize, now),
-                Event::Destroyed { slot, qpn } => self.destroyed(slot as usize, qpn),
-            }
+            self.handle_event(dev, e, now);
+        }
+    }
+
+    /// Drives the test an event of the device names (if a test has that QP).
+    #[inline]
+    pub fn handle_event(&mut self, dev: &mut Device, e: Event, now: Instant) {
+        match e {
+            Event::Activity { slot } => self.drive(dev, slot as usize, now),
+            Event::Destroyed { slot, qpn } => self.destroyed(slot as usize, qpn),
         }
     }
 
