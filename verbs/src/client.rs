@@ -177,7 +177,6 @@ pub struct Qp {
     pub sq_psn: u32,
     sq: Producer,
     rq: Producer,
-    slot: Vec<u8>,
     bell: Bell,
     bit: u32,
 }
@@ -185,8 +184,7 @@ pub struct Qp {
 impl Qp {
     /// Posts a send work request (`ibv_post_send`); Ok(false) if the send queue is full.
     pub fn post_send(&mut self, w: &SendWqe<'_>) -> Result<bool, ClientError> {
-        let n = w.encode(&mut self.slot)?;
-        let pushed = self.sq.push(&self.slot[..n])?;
+        let pushed = put(&mut self.sq, true, |slot| w.encode(slot))?;
         if pushed {
             self.bell.ring(self.bit);
         }
@@ -196,8 +194,7 @@ impl Qp {
     /// Writes a send work request into the send queue without publishing it (see
     /// [`Producer::stage`]); Ok(false) if the send queue is full.
     pub fn stage_send(&mut self, w: &SendWqe<'_>) -> Result<bool, ClientError> {
-        let n = w.encode(&mut self.slot)?;
-        Ok(self.sq.stage(&self.slot[..n])?)
+        put(&mut self.sq, false, |slot| w.encode(slot))
     }
 
     /// Publishes the staged send work requests: the lcore takes them from now on.
@@ -220,12 +217,37 @@ impl Qp {
 
     /// Posts a receive (`ibv_post_recv`); Ok(false) if the receive queue is full.
     pub fn post_recv(&mut self, r: &RecvWqe) -> Result<bool, ClientError> {
-        let n = r.encode(&mut self.slot)?;
-        let pushed = self.rq.push(&self.slot[..n])?;
+        let pushed = put(&mut self.rq, true, |slot| r.encode(slot))?;
         if pushed {
             self.bell.ring(self.bit);
         }
         Ok(pushed)
+    }
+}
+
+/// Encodes an entry where it goes in `ring`, published (`publish`) or staged; Ok(false) if the
+/// ring is full, and nothing written if it does not encode.
+fn put(
+    ring: &mut Producer,
+    publish: bool,
+    encode: impl FnOnce(&mut [u8]) -> Result<usize, abi::AbiError>,
+) -> Result<bool, ClientError> {
+    let mut bad = None;
+    let fill = |slot: &mut [u8]| match encode(slot) {
+        Ok(_) => true,
+        Err(e) => {
+            bad = Some(e);
+            false
+        }
+    };
+    let done = if publish {
+        ring.push_with(fill)
+    } else {
+        ring.stage_with(fill)
+    }?;
+    match bad {
+        Some(e) => Err(e.into()),
+        None => Ok(done),
     }
 }
 
@@ -515,7 +537,6 @@ impl Context {
                 mut fds,
             ) if fds.len() == 1 => {
                 let mem = Arc::new(SharedMem::map(fds.remove(0), bytes)?);
-                let slot = vec![0u8; sq.slot_size.max(rq.slot_size) as usize];
                 let bells = self.bells.clone().expect("attached with doorbells");
                 let region = (bell / BELL_QPS) as usize * BELL_BYTES;
                 let bell_of = Bell::new(bells, region)
@@ -525,7 +546,6 @@ impl Context {
                     sq_psn,
                     sq: ring_of(&mem, sq, Producer::new)?,
                     rq: ring_of(&mem, rq, Producer::new)?,
-                    slot,
                     bell: bell_of,
                     bit: bell % BELL_QPS,
                 })

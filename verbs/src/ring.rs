@@ -233,6 +233,47 @@ impl Producer {
         self.staged
     }
 
+    /// Lets `fill` write the next entry in its slot (`slot_size` bytes, as the last entry
+    /// there left them) and publishes it, after any staged before it, if `fill` returns true;
+    /// `Ok(false)` if the ring is full or `fill` refused. An entry encoded where it goes costs
+    /// no copy.
+    #[inline]
+    pub fn push_with(&mut self, fill: impl FnOnce(&mut [u8]) -> bool) -> Result<bool, RingError> {
+        self.fill_with::<true>(fill)
+    }
+
+    /// [`Producer::push_with`] that stages the entry instead (see [`Producer::stage`]).
+    #[inline]
+    pub fn stage_with(&mut self, fill: impl FnOnce(&mut [u8]) -> bool) -> Result<bool, RingError> {
+        self.fill_with::<false>(fill)
+    }
+
+    #[inline]
+    fn fill_with<const PUBLISH: bool>(
+        &mut self,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Result<bool, RingError> {
+        if self.free()? == 0 {
+            return Ok(false);
+        }
+        let at = self.head.wrapping_add(self.staged);
+        let size = self.ring.layout.slot_size as usize;
+        // SAFETY: the slot is `size` bytes inside the ring, and the producer's alone until
+        // published (the consumer reads only slots below the producer's index).
+        let slot = unsafe { core::slice::from_raw_parts_mut(self.ring.slot(at), size) };
+        if !fill(slot) {
+            return Ok(false);
+        }
+        if PUBLISH {
+            self.head = at.wrapping_add(1);
+            self.staged = 0;
+            self.ring.index(PROD).store(self.head, Ordering::Release);
+        } else {
+            self.staged += 1;
+        }
+        Ok(true)
+    }
+
     /// [`Producer::push`] of an entry whose size is known when compiling (a completion entry):
     /// the copy is a few moves, not a call.
     #[inline]
@@ -243,11 +284,10 @@ impl Producer {
         })
     }
 
-    /// The one way an entry goes in: checks it fits a slot and that one is free, lets `copy`
-    /// fill the slot (at least `len` bytes, the producer's alone until published: the consumer
-    /// reads only slots below the producer's index), then publishes it.
+    /// An entry of `len` bytes in: checked to fit a slot, then `copy` fills the slot (at
+    /// least `len` bytes, the producer's alone until published), which is published
+    /// (`PUBLISH`, with what was staged before it) or staged.
     #[inline]
-    /// (`PUBLISH`: publish it, with what was staged before it; or stage it.)
     fn produce<const PUBLISH: bool>(
         &mut self,
         len: usize,
@@ -256,19 +296,10 @@ impl Producer {
         if len > self.ring.layout.slot_size as usize {
             return Err(RingError::TooLong(len));
         }
-        if self.free()? == 0 {
-            return Ok(false);
-        }
-        let at = self.head.wrapping_add(self.staged);
-        copy(self.ring.slot(at));
-        if PUBLISH {
-            self.head = at.wrapping_add(1);
-            self.staged = 0;
-            self.ring.index(PROD).store(self.head, Ordering::Release);
-        } else {
-            self.staged += 1;
-        }
-        Ok(true)
+        self.fill_with::<PUBLISH>(|slot| {
+            copy(slot.as_mut_ptr());
+            true
+        })
     }
 
     /// True, once, if the consumer armed the ring ([`Consumer::arm`]) since it was last
@@ -351,6 +382,45 @@ impl Consumer {
         self.consume(|src| *out = unsafe { src.cast::<[u8; N]>().read_unaligned() })
     }
 
+    /// Copies the next entry out in two parts, reading each byte of it once: its first `H`
+    /// bytes into `head`, then as many of the bytes after them as `body(head)` says (at most
+    /// what the slot holds past them and what `rest` takes, rounded up to 8) into `rest`; then
+    /// releases the slot. How many body bytes `body` asked for, clamped (None: the ring is
+    /// empty). For entries whose header says how long they are: a 64-byte send entry with one
+    /// scatter/gather entry copies 80 bytes in a few moves, not a whole slot by `memcpy`.
+    #[inline]
+    pub fn pop_split<const H: usize>(
+        &mut self,
+        head: &mut [u8; H],
+        rest: &mut [u8],
+        body: impl FnOnce(&[u8; H]) -> usize,
+    ) -> Result<Option<usize>, RingError> {
+        let size = self.ring.layout.slot_size as usize;
+        if H > size || !H.is_multiple_of(8) {
+            return Err(RingError::TooLong(H));
+        }
+        // The slot's size and H are multiples of 8, so is `cap`: whole words fit.
+        let cap = (size - H).min(rest.len() & !7);
+        let mut n = 0;
+        // SAFETY: `consume` hands a published slot of `size` bytes: H are read into `head`,
+        // then `w` words after them, w * 8 <= cap <= size - H, into `rest` (cap <= its length).
+        let got = self.consume(|src| unsafe {
+            *head = src.cast::<[u8; H]>().read_unaligned();
+            n = body(head).min(cap);
+            let w = n.div_ceil(8);
+            let (from, to) = (src.add(H), rest.as_mut_ptr());
+            if w <= 4 {
+                for k in 0..w {
+                    let v = from.add(k * 8).cast::<u64>().read_unaligned();
+                    to.add(k * 8).cast::<u64>().write_unaligned(v);
+                }
+            } else {
+                core::ptr::copy_nonoverlapping(from, to, w * 8);
+            }
+        })?;
+        Ok(got.then_some(n))
+    }
+
     /// The one way an entry comes out: if one is ready, lets `copy` read its slot (published
     /// by the producer's release store that `ready` acquired, the consumer's until `tail` is
     /// published), then releases the slot.
@@ -394,6 +464,37 @@ mod tests {
             Producer::new(mem.clone(), 0, l).unwrap(),
             Consumer::new(mem, 0, l).unwrap(),
         )
+    }
+
+    #[test]
+    fn an_entry_split_out_reads_its_header_and_only_the_body_it_names() {
+        let (mut p, mut c) = ring(4, 128);
+        let mut e = [0u8; 128];
+        for (i, b) in e.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        e[0] = 24; // the header's length field: 24 body bytes
+        for _ in 0..3 {
+            assert!(p.push(&e).unwrap());
+        }
+        let (mut h, mut rest) = ([0u8; 16], [0xffu8; 200]);
+        let n = c.pop_split(&mut h, &mut rest, |h| h[0] as usize).unwrap();
+        assert_eq!(n, Some(24));
+        assert_eq!(&h[..], &e[..16]);
+        assert_eq!(&rest[..24], &e[16..40]);
+        assert_eq!(rest[24], 0xff, "nothing past the words the body needs");
+        // A body longer than the slot (or than `rest`) is clamped to it.
+        let n = c.pop_split(&mut h, &mut rest, |_| 10_000).unwrap();
+        assert_eq!(n, Some(112));
+        assert_eq!(&rest[..112], &e[16..]);
+        let mut short = [0u8; 20];
+        let n = c.pop_split(&mut h, &mut short, |_| 10_000).unwrap();
+        assert_eq!(n, Some(16));
+        assert_eq!(c.pop_split(&mut h, &mut rest, |_| 0).unwrap(), None);
+        assert!(matches!(
+            c.pop_split(&mut [0u8; 136], &mut rest, |_| 0),
+            Err(RingError::TooLong(136))
+        ));
     }
 
     #[test]

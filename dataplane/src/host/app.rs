@@ -446,19 +446,16 @@ fn take<const SEND: bool>(
     c: &mut AppCounters,
     now: Instant,
 ) -> bool {
-    let ring = if SEND { &mut a.q.sq } else { &mut a.q.rq };
-    let size = ring.layout().slot_size as usize;
     for _ in 0..ENTRIES_PER_POLL {
-        let ring = if SEND { &mut a.q.sq } else { &mut a.q.rq };
-        match ring.pop(&mut slot[..size]) {
-            Ok(true) => {}
-            Ok(false) => return false,
+        let len = match pop_entry::<SEND>(a, slot) {
+            Ok(Some(n)) => n,
+            Ok(None) => return false,
             Err(_) => {
                 broken(dev, a, c);
                 return false;
             }
-        }
-        let entry = &slot[..size];
+        };
+        let entry = &slot[..len];
         let r = if SEND {
             post_send_entry(dev, &a.q, entry, ahs, now)
         } else {
@@ -497,6 +494,29 @@ fn take<const SEND: bool>(
         }
     }
     true
+}
+
+/// Copies the next entry of the send (`SEND`) or receive ring into `slot`: its header, then
+/// the scatter/gather entries or inline bytes the header names (at most the slot's worth:
+/// decoding checks the rest). The entry's length in `slot`, None if the ring is empty.
+#[inline(always)]
+fn pop_entry<const SEND: bool>(
+    a: &mut AppQp,
+    slot: &mut [u8],
+) -> Result<Option<usize>, verbs::ring::RingError> {
+    if SEND {
+        let (h, rest) = slot
+            .split_first_chunk_mut::<{ abi::SEND_HEADER }>()
+            .expect("a slot buffer holds a header");
+        let n = a.q.sq.pop_split(h, rest, SendView::body_len)?;
+        Ok(n.map(|n| abi::SEND_HEADER + n))
+    } else {
+        let (h, rest) = slot
+            .split_first_chunk_mut::<{ abi::RECV_HEADER }>()
+            .expect("a slot buffer holds a header");
+        let n = a.q.rq.pop_split(h, rest, RecvWqe::body_len)?;
+        Ok(n.map(|n| abi::RECV_HEADER + n))
+    }
 }
 
 /// Decodes a send entry in place and posts it.
@@ -626,16 +646,20 @@ fn complete(
 ) -> bool {
     let mut full = false;
     for (send, cq) in [(true, a.q.send_cq), (false, a.q.recv_cq)] {
+        // A ring gone (the CQ destroyed under its QPs) takes nothing: they wait.
+        let Some(Some(ring)) = cqs.get_mut(cq as usize) else {
+            continue;
+        };
         let n = dev
             .take_completions(a.q.qpn, send, |wc| {
-                let ok = push(cqs, cq, wc);
+                let ok = matches!(ring.ring.push_array(&cqe(wc).encode()), Ok(true));
                 full |= !ok;
                 ok
             })
             .unwrap_or(0);
         if n > 0 {
             c.completions += n as u64;
-            notify(cqs, cq);
+            notify_one(ring);
         }
     }
     full
@@ -656,10 +680,14 @@ fn notify_armed(c: &AppCq) {
 }
 
 fn notify(cqs: &[Option<AppCq>], cq: u32) {
-    if let Some(Some(c)) = cqs.get(cq as usize)
-        && c.event.is_some()
-        && c.ring.take_arm()
-    {
+    if let Some(Some(c)) = cqs.get(cq as usize) {
+        notify_one(c);
+    }
+}
+
+#[inline]
+fn notify_one(c: &AppCq) {
+    if c.event.is_some() && c.ring.take_arm() {
         notify_armed(c);
     }
 }
@@ -691,25 +719,26 @@ fn send_wr(w: &SendView<'_>) -> SendWr {
             add: w.compare_add(),
         },
     };
-    let mut sg = SgList::new();
-    for s in w.sges() {
-        sg.push(Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        });
-    }
     let flags = w.flags();
-    SendWr {
+    let mut wr = SendWr {
         wr_id: w.wr_id(),
         op,
-        sg,
+        sg: SgList::new(),
         signaled: flags & send_flags::SIGNALED != 0,
         solicited: flags & send_flags::SOLICITED != 0,
         fence: flags & send_flags::FENCE != 0,
         inline: flags & send_flags::INLINE != 0,
         ud: None,
+    };
+    // Filled in place: a list built apart and moved in was a 136-byte copy a post.
+    for s in w.sges() {
+        wr.sg.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        });
     }
+    wr
 }
 
 fn recv_wr(w: &RecvWqe) -> RecvWr {

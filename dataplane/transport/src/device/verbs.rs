@@ -303,17 +303,26 @@ impl Device {
         inline: Option<&[u8]>,
         now: Instant,
     ) -> Result<(), DeviceError> {
-        // Checked here first: the gathered bytes come back by value, 512 of them, and a
-        // request that is not inline should not pay for moving that.
-        let (i, s) = self.slot_of(qpn)?;
-        let pd = s.qp.pd;
-        let gathered = match inline {
-            None if wr.inline => crate::wr::inline_bytes(&self.mrs, pd, wr)?,
-            _ => None,
-        };
+        let i = self.index(qpn).ok_or(DeviceError::NoQp(qpn))?;
+        if inline.is_none() && wr.inline {
+            return self.post_gathered(i, wr, now);
+        }
         let s = self.slots[i].as_mut().expect("looked up above");
         s.qp.observe(now);
-        let r = s.qp.post_send(wr, wr.wr_id, inline.or(gathered.as_deref()));
+        let r = s.qp.post_send(wr, wr.wr_id, inline);
+        self.mark_ready(i);
+        Ok(r?)
+    }
+
+    /// [`Device::post_send`] of an inline request without its bytes: gathered now from its SG
+    /// list. Apart, so that the 512 bytes it gathers into are no part of every post's frame.
+    #[cold]
+    #[inline(never)]
+    fn post_gathered(&mut self, i: usize, wr: &SendWr, now: Instant) -> Result<(), DeviceError> {
+        let s = self.slots[i].as_mut().expect("looked up by the caller");
+        let gathered = crate::wr::inline_bytes(&self.mrs, s.qp.pd, wr)?;
+        s.qp.observe(now);
+        let r = s.qp.post_send(wr, wr.wr_id, gathered.as_deref());
         self.mark_ready(i);
         Ok(r?)
     }
