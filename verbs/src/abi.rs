@@ -224,7 +224,9 @@ impl<'a> SendWqe<'a> {
     }
 
     /// Writes the entry into `out` (at least [`SendWqe::encoded_len`] bytes); `Err` if its
-    /// inline payload is longer than the device takes or `out` is short.
+    /// inline payload is longer than the device takes or `out` is short. (Inlined: it runs
+    /// once a post, and its call cost a fifth of it.)
+    #[inline]
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, AbiError> {
         if self.inline.len() > MAX_INLINE {
             return Err(AbiError::InlineTooLong(self.inline.len() as u32));
@@ -292,6 +294,7 @@ impl<'a> SendWqe<'a> {
 pub struct SendView<'a> {
     h: &'a [u8; SEND_HEADER],
     rest: &'a [u8],
+    opcode: WrOpcode,
 }
 
 #[inline(always)]
@@ -314,7 +317,7 @@ impl<'a> SendView<'a> {
     /// [`SendView::body_len`]).
     #[inline]
     pub fn from_parts(h: &'a [u8; SEND_HEADER], rest: &'a [u8]) -> Result<SendView<'a>, AbiError> {
-        WrOpcode::from_u8(h[8]).ok_or(AbiError::Opcode(h[8]))?;
+        let opcode = WrOpcode::from_u8(h[8]).ok_or(AbiError::Opcode(h[8]))?;
         let flags = h[9];
         if flags & !send_flags::ALL != 0 {
             return Err(AbiError::Flags(flags));
@@ -330,7 +333,7 @@ impl<'a> SendView<'a> {
                 return Err(AbiError::TooManySge(n));
             }
         }
-        Ok(SendView { h, rest })
+        Ok(SendView { h, rest, opcode })
     }
 
     /// Bytes after the header that the entry with header `h` says it uses (its scatter/gather
@@ -351,7 +354,7 @@ impl<'a> SendView<'a> {
     }
     /// The operation.
     pub fn opcode(&self) -> WrOpcode {
-        WrOpcode::from_u8(self.h[8]).unwrap_or(WrOpcode::Send)
+        self.opcode
     }
     /// [`send_flags`].
     pub fn flags(&self) -> u8 {

@@ -117,6 +117,14 @@ struct BellRegion {
     qps: Vec<u32>,
 }
 
+/// What decoding an entry works in, kept between entries: a private copy of the slot, and the
+/// work request it becomes.
+#[derive(Debug)]
+struct Scratch {
+    slot: [u8; MAX_SLOT],
+    wr: SendWr,
+}
+
 /// A completion ring, and the eventfd of its completion channel.
 #[derive(Debug)]
 struct AppCq {
@@ -146,7 +154,7 @@ pub struct Apps {
     /// Address handles by number - 1, with their protection domain (None: a freed number).
     ahs: Vec<Option<(u32, Path)>>,
     /// A private copy of the slot being decoded.
-    slot: Box<[u8; MAX_SLOT]>,
+    scratch: Box<Scratch>,
     /// What they did.
     pub counters: AppCounters,
 }
@@ -162,7 +170,19 @@ impl Default for Apps {
             live: 0,
             cqs: Vec::new(),
             ahs: Vec::new(),
-            slot: Box::new([0; MAX_SLOT]),
+            scratch: Box::new(Scratch {
+                slot: [0; MAX_SLOT],
+                wr: SendWr {
+                    wr_id: 0,
+                    op: SendOp::Send,
+                    sg: SgList::new(),
+                    signaled: false,
+                    solicited: false,
+                    fence: false,
+                    inline: false,
+                    ud: None,
+                },
+            }),
             counters: AppCounters::default(),
         }
     }
@@ -388,7 +408,7 @@ impl Apps {
             return;
         }
         core::mem::swap(&mut self.work, &mut self.visiting);
-        let slot = &mut self.slot[..];
+        let scratch = &mut *self.scratch;
         let c = &mut self.counters;
         let cqs = &mut self.cqs[..];
         let ahs = &self.ahs[..];
@@ -405,9 +425,9 @@ impl Apps {
             // Its completions (the flushes, for a broken QP) still reach the application.
             let mut more = false;
             if !a.broken {
-                more |= take::<true>(dev, a, slot, cqs, ahs, c, now);
+                more |= take::<true>(dev, a, scratch, cqs, ahs, c, now);
                 if !a.broken {
-                    more |= take::<false>(dev, a, slot, cqs, ahs, c, now);
+                    more |= take::<false>(dev, a, scratch, cqs, ahs, c, now);
                 }
             }
             more |= complete(dev, a, cqs, c);
@@ -440,12 +460,13 @@ fn queue(qps: &mut [Option<AppQp>], work: &mut Vec<u32>, i: u32) {
 fn take<const SEND: bool>(
     dev: &mut Device,
     a: &mut AppQp,
-    slot: &mut [u8],
+    scratch: &mut Scratch,
     cqs: &mut [Option<AppCq>],
     ahs: &[Option<(u32, Path)>],
     c: &mut AppCounters,
     now: Instant,
 ) -> bool {
+    let Scratch { slot, wr } = scratch;
     for _ in 0..ENTRIES_PER_POLL {
         let len = match pop_entry::<SEND>(a, slot) {
             Ok(Some(n)) => n,
@@ -457,7 +478,7 @@ fn take<const SEND: bool>(
         };
         let entry = &slot[..len];
         let r = if SEND {
-            post_send_entry(dev, &a.q, entry, ahs, now)
+            post_send_entry(dev, &a.q, entry, wr, ahs, now)
         } else {
             match RecvWqe::decode(entry) {
                 Ok(w) => dev
@@ -524,12 +545,13 @@ fn post_send_entry(
     dev: &mut Device,
     q: &AppQueues,
     entry: &[u8],
+    wr: &mut SendWr,
     ahs: &[Option<(u32, Path)>],
     now: Instant,
 ) -> Result<(), WcStatus> {
     let qpn = q.qpn;
     let w = SendView::new_checked(entry).map_err(|_| WcStatus::LocQpOpErr)?;
-    let mut wr = send_wr(&w);
+    send_wr(&w, wr);
     let t = w.ud();
     if t != abi::UdTarget::default() {
         // A UD send: its address handle must be one of the QP's protection domain (another
@@ -554,7 +576,7 @@ fn post_send_entry(
         });
     }
     let inline = (w.flags() & send_flags::INLINE != 0).then(|| w.inline());
-    dev.post_send(qpn, &wr, inline, now)
+    dev.post_send(qpn, wr, inline, now)
         .map_err(|e| status_of(&e))
 }
 
@@ -692,11 +714,11 @@ fn notify_one(c: &AppCq) {
     }
 }
 
-/// The transport's work request for a ring entry (its UD destination, if any, is the
-/// caller's to fill).
-fn send_wr(w: &SendView<'_>) -> SendWr {
+/// Makes `wr` the transport's work request for a ring entry (its UD destination, if any, is
+/// the caller's to fill). In place: a fresh request would zero its whole SG list each post.
+fn send_wr(w: &SendView<'_>, wr: &mut SendWr) {
     let (remote_addr, rkey) = (w.remote_addr(), w.rkey());
-    let op = match w.opcode() {
+    wr.op = match w.opcode() {
         WrOpcode::Write => SendOp::Write { remote_addr, rkey },
         WrOpcode::WriteWithImm => SendOp::WriteWithImm {
             remote_addr,
@@ -720,17 +742,13 @@ fn send_wr(w: &SendView<'_>) -> SendWr {
         },
     };
     let flags = w.flags();
-    let mut wr = SendWr {
-        wr_id: w.wr_id(),
-        op,
-        sg: SgList::new(),
-        signaled: flags & send_flags::SIGNALED != 0,
-        solicited: flags & send_flags::SOLICITED != 0,
-        fence: flags & send_flags::FENCE != 0,
-        inline: flags & send_flags::INLINE != 0,
-        ud: None,
-    };
-    // Filled in place: a list built apart and moved in was a 136-byte copy a post.
+    wr.wr_id = w.wr_id();
+    wr.signaled = flags & send_flags::SIGNALED != 0;
+    wr.solicited = flags & send_flags::SOLICITED != 0;
+    wr.fence = flags & send_flags::FENCE != 0;
+    wr.inline = flags & send_flags::INLINE != 0;
+    wr.ud = None;
+    wr.sg.clear();
     for s in w.sges() {
         wr.sg.push(Sge {
             addr: s.addr,
@@ -738,7 +756,6 @@ fn send_wr(w: &SendView<'_>) -> SendWr {
             lkey: s.lkey,
         });
     }
-    wr
 }
 
 fn recv_wr(w: &RecvWqe) -> RecvWr {
@@ -769,29 +786,8 @@ fn status_of(e: &DeviceError) -> WcStatus {
 
 /// A completion as the ring carries it (libibverbs' values).
 fn cqe(wc: &WorkCompletion) -> Cqe {
-    let status = match wc.status {
-        WcStatus::Success => 0,
-        WcStatus::LocLenErr => 1,
-        WcStatus::LocQpOpErr => 2,
-        WcStatus::LocProtErr => 4,
-        WcStatus::WrFlushErr => 5,
-        WcStatus::BadRespErr => 7,
-        WcStatus::RemInvReqErr => 9,
-        WcStatus::RemAccessErr => 10,
-        WcStatus::RemOpErr => 11,
-        WcStatus::RetryExcErr => 12,
-        WcStatus::RnrRetryExcErr => 13,
-        WcStatus::GeneralErr => 21,
-    };
-    let opcode = match wc.opcode {
-        WcOpcode::Send => 0,
-        WcOpcode::RdmaWrite => 1,
-        WcOpcode::RdmaRead => 2,
-        WcOpcode::CompSwap => 3,
-        WcOpcode::FetchAdd => 4,
-        WcOpcode::Recv => 128,
-        WcOpcode::RecvRdmaWithImm => 129,
-    };
+    // The transport's enums take libibverbs' values.
+    let (status, opcode) = (wc.status as u8, wc.opcode as u8);
     let (imm, mut flags) = match (wc.imm_data, wc.invalidated_rkey) {
         (Some(i), _) => (i, 2),
         (None, Some(k)) => (k, 4),
@@ -810,5 +806,56 @@ fn cqe(wc: &WorkCompletion) -> Cqe {
         status,
         opcode,
         flags,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_carry_libibverbs_values() {
+        // enum ibv_wc_status and enum ibv_wc_opcode, as <infiniband/verbs.h> numbers them.
+        let status = [
+            (WcStatus::Success, 0),
+            (WcStatus::LocLenErr, 1),
+            (WcStatus::LocQpOpErr, 2),
+            (WcStatus::LocProtErr, 4),
+            (WcStatus::WrFlushErr, 5),
+            (WcStatus::BadRespErr, 7),
+            (WcStatus::RemInvReqErr, 9),
+            (WcStatus::RemAccessErr, 10),
+            (WcStatus::RemOpErr, 11),
+            (WcStatus::RetryExcErr, 12),
+            (WcStatus::RnrRetryExcErr, 13),
+            (WcStatus::GeneralErr, 21),
+        ];
+        let opcode = [
+            (WcOpcode::Send, 0),
+            (WcOpcode::RdmaWrite, 1),
+            (WcOpcode::RdmaRead, 2),
+            (WcOpcode::CompSwap, 3),
+            (WcOpcode::FetchAdd, 4),
+            (WcOpcode::Recv, 128),
+            (WcOpcode::RecvRdmaWithImm, 129),
+        ];
+        for (s, v) in status {
+            for (o, w) in opcode {
+                let wc = WorkCompletion {
+                    wr_id: 7,
+                    status: s,
+                    opcode: o,
+                    byte_len: 3,
+                    imm_data: Some(9),
+                    invalidated_rkey: None,
+                    qp_num: 0x11,
+                    src_qp: Some(0x22),
+                };
+                let c = Cqe::decode(&cqe(&wc).encode());
+                assert_eq!((c.status, c.opcode), (v, w), "{s:?} {o:?}");
+                assert_eq!((c.wr_id, c.byte_len, c.imm, c.flags), (7, 3, 9, 2 | 1));
+                assert_eq!((c.qp_num, c.src_qp), (0x11, 0x22));
+            }
+        }
     }
 }

@@ -6,52 +6,55 @@
 
 use std::collections::VecDeque;
 
-/// Completion status (ibv_wc_status).
+/// Completion status (ibv_wc_status, with its values: an application's completion ring
+/// carries them as they are).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum WcStatus {
     /// Done.
-    Success,
+    Success = 0,
     /// A receive buffer was too small, or a message too long for the QP.
-    LocLenErr,
+    LocLenErr = 1,
     /// Local QP operation error.
-    LocQpOpErr,
+    LocQpOpErr = 2,
     /// Local protection error (bad lkey, bounds, access).
-    LocProtErr,
+    LocProtErr = 4,
     /// Flushed: the QP went to the error state before this work request completed.
-    WrFlushErr,
+    WrFlushErr = 5,
     /// The responder refused the remote access (NAK remote access error).
-    RemAccessErr,
+    RemAccessErr = 10,
     /// The responder found the request invalid (NAK invalid request).
-    RemInvReqErr,
+    RemInvReqErr = 9,
     /// The responder failed to execute it (NAK remote operational error).
-    RemOpErr,
+    RemOpErr = 11,
     /// No ACK after retry_cnt retransmissions.
-    RetryExcErr,
+    RetryExcErr = 12,
     /// RNR NAKs beyond rnr_retry.
-    RnrRetryExcErr,
+    RnrRetryExcErr = 13,
     /// A bad response (unexpected opcode or length).
-    BadRespErr,
+    BadRespErr = 7,
     /// General error.
-    GeneralErr,
+    GeneralErr = 21,
 }
 
-/// What a completion completes (ibv_wc_opcode).
+/// What a completion completes (ibv_wc_opcode, with its values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum WcOpcode {
     /// SEND (with or without immediate or invalidate).
-    Send,
+    Send = 0,
     /// RDMA WRITE (with or without immediate).
-    RdmaWrite,
+    RdmaWrite = 1,
     /// RDMA READ.
-    RdmaRead,
+    RdmaRead = 2,
     /// Compare and swap.
-    CompSwap,
+    CompSwap = 3,
     /// Fetch and add.
-    FetchAdd,
+    FetchAdd = 4,
     /// A receive.
-    Recv,
+    Recv = 128,
     /// A receive consumed by RDMA WRITE with immediate.
-    RecvRdmaWithImm,
+    RecvRdmaWithImm = 129,
 }
 
 impl WcOpcode {
@@ -208,6 +211,21 @@ impl CompletionQueue {
     /// The oldest completion, left in the queue.
     pub fn peek(&self) -> Option<&WorkCompletion> {
         self.entries.front()
+    }
+
+    /// Hands completions, oldest first, to `f` while it takes them (returns true), and drops
+    /// those it took: how many. One pass over the queue's storage, then one cut.
+    pub fn take_while(&mut self, mut f: impl FnMut(&WorkCompletion) -> bool) -> usize {
+        let (a, b) = self.entries.as_slices();
+        let mut n = 0;
+        for wc in a.iter().chain(b) {
+            if !f(wc) {
+                break;
+            }
+            n += 1;
+        }
+        self.entries.drain(..n);
+        n
     }
 
     /// Takes the oldest completion.

@@ -351,19 +351,11 @@ impl Device {
         &mut self,
         qpn: u32,
         send: bool,
-        mut f: impl FnMut(&WorkCompletion) -> bool,
+        f: impl FnMut(&WorkCompletion) -> bool,
     ) -> Result<usize, DeviceError> {
         let (_, s) = self.slot_of(qpn)?;
         let cq = if send { &mut s.scq } else { &mut s.rcq };
-        let mut n = 0;
-        while let Some(wc) = cq.peek() {
-            if !f(wc) {
-                break;
-            }
-            cq.pop();
-            n += 1;
-        }
-        Ok(n)
+        Ok(cq.take_while(f))
     }
 
     /// Takes up to `max` completions from a QP's own send and receive CQs (a side bound to a
