@@ -233,6 +233,16 @@ impl Producer {
         self.staged
     }
 
+    /// [`Producer::push_array`] that stages the entry (published at the next
+    /// [`Producer::publish`]): a batch of entries costs one store of the index.
+    #[inline]
+    pub fn stage_array<const N: usize>(&mut self, entry: &[u8; N]) -> Result<bool, RingError> {
+        // SAFETY: as in `push`, a slot of at least N bytes.
+        self.produce::<false>(N, |dst| unsafe {
+            dst.cast::<[u8; N]>().write_unaligned(*entry)
+        })
+    }
+
     /// Lets `fill` write the next entry in its slot (`slot_size` bytes, as the last entry
     /// there left them) and publishes it, after any staged before it, if `fill` returns true;
     /// `Ok(false)` if the ring is full or `fill` refused. An entry encoded where it goes costs

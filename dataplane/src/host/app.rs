@@ -674,11 +674,13 @@ fn complete(
         };
         let n = dev
             .take_completions(a.q.qpn, send, |wc| {
-                let ok = matches!(ring.ring.push_array(&cqe(wc).encode()), Ok(true));
+                let ok = matches!(ring.ring.stage_array(&cqe(wc).encode()), Ok(true));
                 full |= !ok;
                 ok
             })
             .unwrap_or(0);
+        // The batch, seen by the application at once.
+        ring.ring.publish();
         if n > 0 {
             c.completions += n as u64;
             notify_one(ring);
