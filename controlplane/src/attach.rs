@@ -169,10 +169,11 @@ fn session(st: &ApiState, sock: UnixStream) {
         };
         let (reply, out) = s.handle(rdma, req, fds);
         if s.pid != 0 {
-            st.apps
-                .lock()
-                .expect("applications")
-                .insert(id, s.listing(id));
+            let a = crate::state::AppListing {
+                listing: s.listing(id),
+                regions: s.bell_regions.iter().map(|(l, n)| (*l, *n)).collect(),
+            };
+            st.apps.lock().expect("applications").insert(id, a);
         }
         let borrowed: Vec<_> = out.iter().map(|f| f.as_fd()).collect();
         if send(&sock, &reply, &borrowed).is_err() {

@@ -10,7 +10,7 @@
 
 use crate::state::ApiState;
 use dataplane::counters::DropReason;
-use dataplane::host::HostCounters;
+use dataplane::host::{AppCounters, HostCounters};
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode};
 use dataplane::transport::qp::QpState;
 use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -86,12 +86,14 @@ pub fn render(
     st: &ApiState,
     hosts: &[HostCounters],
     latency: &LatencyHistograms,
+    apps: &[(serde_json::Value, AppCounters)],
 ) -> Result<String, String> {
     let f = Families(Registry::new());
     ports(&f, st)?;
     lcores(&f, st)?;
     rdma(&f, hosts)?;
     impairment(&f, st)?;
+    applications(&f, apps)?;
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&f.0.gather(), &mut out)
@@ -132,6 +134,44 @@ fn latency_text(out: &mut String, latency: &LatencyHistograms) {
         let _ = writeln!(out, "{name}_sum{{opcode=\"{op}\"}} {sum}");
         let _ = writeln!(out, "{name}_count{{opcode=\"{op}\"}} {}", h.len());
     }
+}
+
+/// Per attached process (`pid`, `command`): what its QPs posted and completed through their
+/// rings, and the entries or rings refused. A process's series go when it detaches, as its
+/// resources do.
+fn applications(f: &Families, apps: &[(serde_json::Value, AppCounters)]) -> Result<(), String> {
+    let l = ["pid", "command"];
+    let families = [
+        (
+            "ferroce_app_sends_total",
+            "send work requests an attached process posted",
+        ),
+        (
+            "ferroce_app_recvs_total",
+            "receive work requests an attached process posted",
+        ),
+        (
+            "ferroce_app_completions_total",
+            "completions written to an attached process's completion rings",
+        ),
+        (
+            "ferroce_app_errors_total",
+            "ring entries refused (bad opcode, key, length) and rings abandoned as corrupt",
+        ),
+    ];
+    let vecs = families
+        .iter()
+        .map(|(n, h)| f.counter(n, h, &l))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (v, c) in apps {
+        let pid = v["pid"].as_u64().unwrap_or(0).to_string();
+        let command = v["command"].as_str().unwrap_or("");
+        let values = [c.sends, c.recvs, c.completions, c.refused + c.broken_rings];
+        for (family, n) in vecs.iter().zip(values) {
+            family.with_label_values(&[&pid, command]).inc_by(n);
+        }
+    }
+    Ok(())
 }
 
 fn ports(f: &Families, st: &ApiState) -> Result<(), String> {

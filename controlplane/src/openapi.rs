@@ -251,8 +251,12 @@ pub fn document() -> Value {
         "properties": {"id": {"type": "integer"}, "pid": {"type": "integer"},
             "command": {"type": "string"}, "pds": {"type": "array", "items": u32s},
             "mrs": {"type": "array", "items": u32s}, "cqs": {"type": "integer"},
-            "qps": {"type": "array", "items": u32s}, "ahs": {"type": "integer"}}});
-    let apps_path = json!({"get": op("Applications attached to the attach socket: pid, command, and the PDs, MRs (local keys), CQs, QPs and address handles each made", vec![], None,
+            "qps": {"type": "array", "items": u32s}, "ahs": {"type": "integer"},
+            "counters": {"type": "object", "properties": {
+                "sends": {"type": "integer"}, "recvs": {"type": "integer"},
+                "completions": {"type": "integer"}, "refused": {"type": "integer"},
+                "broken_rings": {"type": "integer"}}}}});
+    let apps_path = json!({"get": op("Applications attached to the attach socket: pid, command, the PDs, MRs (local keys), CQs, QPs and address handles each made, and what its QPs posted, completed and had refused through their rings", vec![], None,
         json_ok(200, "applications", json!({"type": "array", "items": app}), &[]))});
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr"],

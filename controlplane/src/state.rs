@@ -23,9 +23,18 @@ pub struct ApiState {
     /// The bearer token requests must carry, if one is set (`[api] token`).
     pub token: Option<String>,
     /// The applications attached to the attach socket, by session: what each made (kept by
-    /// its session, for `GET /v1/apps`).
-    pub apps: Mutex<std::collections::BTreeMap<u64, Value>>,
+    /// its session, for `GET /v1/apps` and the per-process series of `/metrics`).
+    pub apps: Mutex<std::collections::BTreeMap<u64, AppListing>>,
     /// Mbufs of the node's pool handed out (in ports' rings, lcores, frames in flight) and
     /// its size, refreshed by the control loop.
     pub mbufs: [std::sync::atomic::AtomicU64; 2],
+}
+
+/// One attached application as its session keeps it for the API.
+#[derive(Clone, Debug)]
+pub struct AppListing {
+    /// What `GET /v1/apps` shows (id, pid, command, what it made).
+    pub listing: Value,
+    /// Its doorbell regions: (lcore, region number there), whose counters are its own.
+    pub regions: Vec<(usize, u32)>,
 }

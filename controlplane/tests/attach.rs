@@ -4,6 +4,10 @@
 //! every byte checked; another application cannot touch its QP; and when it goes, its QP,
 //! CQ, region and PD go too. Two applications, one on each node, move known patterns with
 //! WRITE, READ, SEND with immediate data and both atomics over a link losing 1 % each way.
+//! A program that writes garbage into its own rings, completion ring and doorbells, posts
+//! requests naming other programs' keys and sends control messages that are no messages or
+//! name others' objects hurts only itself: another program's stream beside it lands byte
+//! for byte, its memory on both nodes unchanged, its counters clean, roced unpanicked.
 
 mod common;
 use common::rdma::*;
@@ -429,4 +433,398 @@ fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
     assert!(recovered > 0, "no loss was recovered from: {c}");
     drop((qa, qb, qa_cq, qb_cq, ca, cb));
     drop((ma, mb));
+}
+
+/// xorshift64*: the fuzz's one source of randomness, seeded so that a failure repeats
+/// (`FERROCE_FUZZ_SEED` picks another seed; the test prints the one it used).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn fill(&mut self, b: &mut [u8]) {
+        for c in b.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+
+    /// One of `v`.
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// Writes `bytes` at `at` of `mem` (the fuzzer's own shared memory), volatile: roced's lcore
+/// reads it concurrently, as it would a hostile program's.
+fn scribble(mem: &verbs::shm::SharedMem, at: usize, bytes: &[u8]) {
+    let n = bytes.len().min(mem.len().saturating_sub(at));
+    for (i, b) in bytes[..n].iter().enumerate() {
+        // SAFETY: inside the mapping (clamped above); plain bytes.
+        unsafe { mem.as_ptr().add(at + i).write_volatile(*b) };
+    }
+}
+
+fn word_at(mem: &verbs::shm::SharedMem, at: usize) -> u32 {
+    // SAFETY: a ring header's index word, inside the mapping, 4-aligned.
+    unsafe { (mem.as_ptr().add(at) as *const u32).read_volatile() }
+}
+
+/// One round of garbage from the fuzzing program into its own rings, completion ring and
+/// doorbells, and well-formed requests naming other programs' keys: `ops` operations.
+fn fuzz_rings(
+    rng: &mut Rng,
+    f: &Context,
+    qp: &mut verbs::client::Qp,
+    cq: &mut Cq,
+    keys: &[u32],
+    addrs: &[u64],
+    ops: usize,
+) {
+    use verbs::ring::HEADER;
+    let mut junk = [0u8; 4096];
+    let mut got = Vec::new();
+    for _ in 0..ops {
+        let (mem, sq, rq) = qp.raw_rings();
+        let mem = mem.clone();
+        // Mostly entries (each decoded, and most refused), now and then a ring broken outright.
+        match rng.pick(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 2, 3, 5, 6, 7, 7]) {
+            // A random entry published in the send or the receive ring.
+            0 => {
+                let r = if rng.below(2) == 0 { sq } else { rq };
+                let prod = word_at(&mem, r.offset);
+                let slot =
+                    r.offset + HEADER + (prod & (r.slots - 1)) as usize * r.slot_size as usize;
+                rng.fill(&mut junk[..r.slot_size as usize]);
+                if rng.below(2) == 0 {
+                    // Mostly a known opcode, so that decoding gets past its first check.
+                    junk[8] = rng.pick(&[0, 1, 2, 3, 4, 5, 6, 9, 7, 255]);
+                    junk[9] &= 0x0f;
+                    junk[10] %= 10;
+                }
+                scribble(&mem, slot, &junk[..r.slot_size as usize]);
+                scribble(&mem, r.offset, &prod.wrapping_add(1).to_le_bytes());
+                qp.ring_doorbell();
+            }
+            // A producer index anywhere.
+            2 => {
+                let r = if rng.below(2) == 0 { sq } else { rq };
+                let v = rng.next() as u32;
+                scribble(&mem, r.offset, &v.to_le_bytes());
+                qp.ring_doorbell();
+            }
+            // Random bytes anywhere in the rings' memory, headers included.
+            3 => {
+                let at = rng.below(mem.len() as u64) as usize;
+                let n = 1 + rng.below(256) as usize;
+                rng.fill(&mut junk[..n]);
+                scribble(&mem, at, &junk[..n]);
+                qp.ring_doorbell();
+            }
+            // A well-formed request through the library naming keys and addresses of its own
+            // and of other programs (the other program's lkey on this node, its rkey on the
+            // peer): refused by protection domain, never served.
+            4 => {
+                let op = rng.pick(&[
+                    WrOpcode::Write,
+                    WrOpcode::Read,
+                    WrOpcode::Send,
+                    WrOpcode::FetchAdd,
+                    WrOpcode::CmpSwap,
+                    WrOpcode::WriteWithImm,
+                ]);
+                let len = rng.pick(&[0, 8, 64, 4096, 1 << 20, u32::MAX]);
+                let w = wqe(
+                    rng.next(),
+                    op,
+                    rng.pick(keys),
+                    rng.pick(addrs) + rng.below(8192),
+                    len,
+                    rng.pick(addrs) + rng.below(8192),
+                    rng.pick(keys),
+                );
+                let _ = qp.post_send(&w);
+            }
+            // Garbage in its doorbell memory (every region: other lcores' too).
+            5 => {
+                if let Some(bells) = f.doorbell_memory() {
+                    let at = rng.below(bells.len() as u64) as usize & !7;
+                    rng.fill(&mut junk[..64]);
+                    scribble(bells, at, &junk[..64]);
+                }
+            }
+            // Garbage in its completion ring, its consumer index included.
+            6 => {
+                let (cmem, place) = cq.raw_ring();
+                let at = place.offset + rng.below((HEADER + 256) as u64) as usize;
+                rng.fill(&mut junk[..8]);
+                scribble(cmem, at, &junk[..8]);
+            }
+            // Reads its completions (they may be garbage: its own).
+            _ => {
+                let _ = cq.poll(64, &mut got);
+                got.clear();
+            }
+        }
+    }
+}
+
+/// Control messages no program should send, on a connection of their own: bytes that are not
+/// messages, messages of no known verb, and verbs naming other programs' objects or carrying
+/// impossible values. Each is refused (or ends that connection); roced carries on.
+fn fuzz_control(rng: &mut Rng, sock: &str, victim: (u32, u32, u32), ops: usize) {
+    use serde_json::json;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use verbs::proto::{Reply, Request};
+    let (qpn, lkey, pd) = victim;
+    let hello = |s: &UnixStream| {
+        let h = Request::Hello {
+            version: verbs::proto::VERSION,
+            pid: 1,
+            command: "fuzz".into(),
+        };
+        verbs::attach::send(s, &h, &[]).unwrap();
+        let (r, _) = verbs::attach::recv::<Reply>(s).unwrap();
+        assert!(matches!(r, Reply::Welcome { .. }), "{r:?}");
+    };
+    let connect = || {
+        let s = UnixStream::connect(sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let mut s = connect();
+    hello(&s);
+    let mut junk = [0u8; 512];
+    for _ in 0..ops {
+        let big = rng.pick(&[0u64, 1, 0xffff_ffff, u64::MAX, 1 << 40]);
+        let msg = match rng.below(12) {
+            0 => json!({"DestroyQp": {"qpn": qpn}}),
+            1 => json!({"ModifyQp": {"qpn": qpn, "attr": {"state": "ERR"}}}),
+            2 => json!({"DeregMr": {"lkey": lkey}}),
+            3 => json!({"DeallocPd": {"pd": pd}}),
+            4 => json!({"RegMr": {"pd": pd, "addr": big, "length": big, "offset": big,
+                "pieces": [{"offset": big, "len": big}], "access": rng.next() as u32}}),
+            5 => json!({"CreateQp": {"pd": pd, "send_cq": rng.next() as u32,
+                "recv_cq": 0, "caps": {"max_send_wr": big, "max_recv_wr": 1,
+                "max_send_sge": rng.next() as u32, "max_recv_sge": 1, "max_inline_data": big}}}),
+            6 => json!({"CreateCq": {"cqe": big, "channel": true}}),
+            7 => json!({"CreateAh": {"pd": pd, "gid": "not an address"}}),
+            8 => json!({"QueryQp": {"qpn": rng.next() as u32}}),
+            9 => json!({"Frobnicate": {"x": 1}}),
+            10 => json!([1, "two", {"three": null}]),
+            _ => {
+                // Bytes that are not a message: the session ends; a new one starts.
+                let n = rng.below(junk.len() as u64) as usize;
+                rng.fill(&mut junk[..n]);
+                let len = rng.pick(&[n as u32, u32::MAX, 0]);
+                let _ = s.write_all(&len.to_le_bytes());
+                let _ = s.write_all(&junk[..n]);
+                s = connect();
+                hello(&s);
+                continue;
+            }
+        };
+        verbs::attach::send(&s, &msg, &[]).unwrap();
+        match verbs::attach::recv::<Reply>(&s) {
+            // Refused, or done on an object of its own making.
+            Ok((r, _)) => assert!(
+                !matches!(r, Reply::Done) || !msg.to_string().contains(&qpn.to_string()),
+                "{msg} was done: {r:?}"
+            ),
+            // A message of no known verb ends the session.
+            Err(_) => {
+                s = connect();
+                hello(&s);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_program_writing_garbage_into_its_rings_and_control_messages_hurts_only_itself() {
+    let n = memif_nodes("attachfuzz", 7656);
+    let pid = std::process::id();
+    let sock = |node: &str| format!("/run/ferroce/ferroce-rattachfuzz-{node}-{pid}.sock");
+    let attach = |node: &str| Context::attach(sock(node).as_ref()).unwrap();
+    let seed = std::env::var("FERROCE_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_f00d_u64);
+    eprintln!("fuzz seed {seed:#x} (FERROCE_FUZZ_SEED to repeat another)");
+    let mut rng = Rng(seed | 1);
+    let caps = QpCapsMsg {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    // The victim: a program on node A streaming to one on node B, their buffers filled with a
+    // pattern that only their own operations may change.
+    let (ca, cb) = (attach("a"), attach("b"));
+    const LEN: usize = 128 << 10;
+    let (mut ma, mut mb) = (pattern(LEN, 1), pattern(LEN, 2));
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    // SAFETY: our own buffers, which outlive the regions and no other thread touches.
+    let (la, ra) = unsafe { ca.reg_mr_at(pa, ma.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
+    // SAFETY: as above.
+    let (lb, rb) = unsafe { cb.reg_mr_at(pb, mb.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
+    let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
+    let (mut qa_cq, qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
+    let mut qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
+    let qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
+    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0);
+    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0);
+    let (mut want_a, mut want_b) = (ma.clone(), mb.clone());
+    let read = |p: *const u8, len: usize| -> Vec<u8> {
+        // SAFETY: inside the registered buffer (the lcores write it behind Rust's back).
+        (0..len)
+            .map(|i| unsafe { p.add(i).read_volatile() })
+            .collect()
+    };
+
+    // The fuzzer: another program on node A, in its own PD, its QP connected to one of node
+    // B's program in another PD (so that even a guessed rkey of the victim's finds nothing).
+    let cf = attach("a");
+    let pf = cf.alloc_pd().unwrap();
+    let mut mf = vec![0u8; 64 << 10];
+    // SAFETY: as above.
+    let (lf, rf) = unsafe { cf.reg_mr_at(pf, mf.as_mut_ptr() as usize, mf.len(), 0xf) }.unwrap();
+    let pbf = cb.alloc_pd().unwrap();
+    let keys = [la, ra, lb, rb, lf, rf, 0, 1, 0x100, u32::MAX];
+    let addrs = [aa, ab, mf.as_ptr() as u64, 0, 1 << 47];
+    let rounds = 12;
+    for round in 0..rounds {
+        // Fresh QPs and CQs for the fuzzer (the last ones are in ERR or abandoned by now),
+        // each connected to a fresh QP of node B's program.
+        for _ in 0..4 {
+            let mut fcq = cf.create_cq(32).unwrap();
+            let mut fq = cf.create_qp(pf, &fcq, &fcq, caps).unwrap();
+            let bcq = cb.create_cq(32).unwrap();
+            let bq = cb.create_qp(pbf, &bcq, &bcq, caps).unwrap();
+            connect_app(&cf, &fq, (bq.qpn, bq.sq_psn), &n.gids[1].0);
+            connect_app(&cb, &bq, (fq.qpn, fq.sq_psn), &n.gids[0].0);
+            fuzz_rings(&mut rng, &cf, &mut fq, &mut fcq, &keys, &addrs, 60);
+            // Time for the lcore to read what it was given before the QP goes.
+            std::thread::sleep(Duration::from_millis(5));
+            cf.destroy_qp(fq).unwrap();
+            cb.destroy_qp(bq).unwrap();
+            cf.destroy_cq(fcq).ok();
+            cb.destroy_cq(bcq).ok();
+        }
+        fuzz_control(&mut rng, &sock("a"), (qa.qpn, la, pa), 25);
+        // Meanwhile the victim's WRITE and READ land byte for byte, and nothing else of its
+        // memory on either node changed.
+        let (off, len) = (
+            // The READ lands at LEN / 2 + off: both ranges inside the buffers.
+            rng.below((LEN / 2 - (16 << 10)) as u64) as usize,
+            1 + rng.below(16 << 10) as usize,
+        );
+        let pat = pattern(len, 100 + round);
+        want_a[off..off + len].copy_from_slice(&pat);
+        // SAFETY: inside our buffer; the lcores read it only when the WRITE is posted.
+        unsafe { core::ptr::copy_nonoverlapping(pat.as_ptr(), ma.as_mut_ptr().add(off), len) };
+        let w = wqe(
+            1,
+            WrOpcode::Write,
+            la,
+            aa + off as u64,
+            len as u32,
+            ab + off as u64,
+            rb,
+        );
+        assert!(qa.post_send(&w).unwrap());
+        let c = wait_one(&mut qa_cq);
+        assert_eq!((c.wr_id, c.status), (1, 0), "round {round}: {c:?}");
+        want_b[off..off + len].copy_from_slice(&pat);
+        let back = LEN / 2 + off;
+        let r = wqe(
+            2,
+            WrOpcode::Read,
+            la,
+            aa + back as u64,
+            len as u32,
+            ab + off as u64,
+            rb,
+        );
+        assert!(qa.post_send(&r).unwrap());
+        let c = wait_one(&mut qa_cq);
+        assert_eq!((c.wr_id, c.status), (2, 0), "round {round}: {c:?}");
+        want_a[back..back + len].copy_from_slice(&pat);
+        same(
+            &n,
+            &read(ma.as_ptr(), LEN),
+            &want_a,
+            "the victim's memory on node A",
+        );
+        same(
+            &n,
+            &read(mb.as_ptr(), LEN),
+            &want_b,
+            "the victim's memory on node B",
+        );
+    }
+    // roced carries on; the victim's QP is as it was and counted no error; the fuzzer's
+    // errors were counted for it alone.
+    let (s, _) = n.api[0].get("/v1/health");
+    assert_eq!(s, 200);
+    for node in n.nodes.iter().flatten() {
+        let log = node.log_text();
+        assert!(!log.contains("panicked"), "roced panicked:\n{log}");
+    }
+    let (st, _, _) = ca.query_qp(qa.qpn).unwrap();
+    assert_eq!(st, "RTS");
+    let (_, apps) = n.api[0].get("/v1/apps");
+    let of = |qpn: u32| {
+        apps.as_array()
+            .and_then(|l| {
+                l.iter()
+                    .find(|a| a["qps"].as_array().is_some_and(|q| q.contains(&qpn.into())))
+            })
+            .unwrap_or_else(|| panic!("no program has QP {qpn}: {apps}"))
+    };
+    let v = &of(qa.qpn)["counters"];
+    assert_eq!(
+        (v["refused"].as_u64(), v["broken_rings"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    let fuzzer = apps
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["mrs"].as_array().is_some_and(|m| m.contains(&lf.into())))
+        .unwrap_or_else(|| panic!("the fuzzer is not listed: {apps}"));
+    let e = &fuzzer["counters"];
+    eprintln!("the fuzzer's counters: {e}");
+    // (Not one a round: garbage in its own doorbell memory can clear the bit that would have
+    // had its ring read, which hurts only it.)
+    assert!(
+        e["refused"].as_u64().unwrap_or(0) + e["broken_rings"].as_u64().unwrap_or(0) > 0,
+        "{fuzzer}"
+    );
+    // When it goes, what it made goes.
+    drop(cf);
+    let t = Instant::now();
+    loop {
+        let (_, apps) = n.api[0].get("/v1/apps");
+        if !apps.to_string().contains(&format!("{lf}")) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "{apps}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop((qa, qb, qa_cq, qb_cq, ca, cb));
+    drop((ma, mb, mf));
+    n.stop();
 }

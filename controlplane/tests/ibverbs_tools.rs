@@ -318,6 +318,31 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
             && me["mrs"].as_array().is_some_and(|m| !m.is_empty()),
         "{me}"
     );
+    // What it posted and completed, counted for it: in the listing and as its own series
+    // in /metrics.
+    let c = &me["counters"];
+    assert!(
+        c["sends"].as_u64() > Some(0)
+            && c["completions"].as_u64() > Some(0)
+            && c["refused"] == 0
+            && c["broken_rings"] == 0,
+        "{me}"
+    );
+    let metrics = |api: &Api| {
+        let (s, b) = api.get_bytes("/metrics");
+        assert_eq!(s, 200);
+        String::from_utf8(b).unwrap()
+    };
+    let m = metrics(&n.api[0]);
+    let series = |family: &str| {
+        m.lines()
+            .find(|l| l.starts_with(family) && l.contains(&format!("pid=\"{victim}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    assert!(series("ferroce_app_sends_total{") > Some(0), "{m}");
+    assert!(series("ferroce_app_completions_total{") > Some(0), "{m}");
+    assert_eq!(series("ferroce_app_errors_total{"), Some(0), "{m}");
     let (mut o, mut e) = (Vec::new(), Vec::new());
     let code = cli::ctl::run(
         ["rocectl", "--api", "127.0.0.1:7652", "apps"],
@@ -346,6 +371,8 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         !apps.to_string().contains(&format!("\"pid\":{victim}")),
         "{apps}"
     );
+    let m = metrics(&n.api[0]);
+    assert!(!m.contains(&format!("pid=\"{victim}\"")), "{m}");
     let a = n.nodes[0].as_mut().unwrap();
     assert!(
         a.wait_log(&format!("pid={victim}"), Duration::from_secs(2))

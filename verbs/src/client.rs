@@ -131,9 +131,15 @@ pub struct Cq {
     /// Its number in the session.
     pub cq: u32,
     ring: Consumer,
+    place: RingPlace,
 }
 
 impl Cq {
+    /// The memory its ring lives in, and where (as [`Qp::raw_rings`]).
+    pub fn raw_ring(&self) -> (&Arc<SharedMem>, RingPlace) {
+        (self.ring.memory(), self.place)
+    }
+
     /// Arms the CQ (`ibv_req_notify_cq`): roced writes its channel's eventfd at the next
     /// completion. Poll once more after arming.
     pub fn arm(&self) {
@@ -179,6 +185,8 @@ pub struct Qp {
     rq: Producer,
     bell: Bell,
     bit: u32,
+    /// Where the rings lie in their memory.
+    places: (RingPlace, RingPlace),
 }
 
 impl Qp {
@@ -208,6 +216,18 @@ impl Qp {
     /// Forgets the staged send work requests.
     pub fn discard_sends(&mut self) {
         self.sq.discard();
+    }
+
+    /// The memory its rings live in, and where its send and receive rings lie in it. Writing
+    /// there behind the library's back is what a buggy or hostile program can do (roced's tests
+    /// do it, to see that only this QP suffers); the library's own indices are then stale.
+    pub fn raw_rings(&self) -> (&Arc<SharedMem>, RingPlace, RingPlace) {
+        (self.sq.memory(), self.places.0, self.places.1)
+    }
+
+    /// Rings the QP's doorbell without posting anything.
+    pub fn ring_doorbell(&self) {
+        self.bell.ring(self.bit);
     }
 
     /// Entries of the send and the receive queue.
@@ -474,6 +494,7 @@ impl Context {
                 Ok(Cq {
                     cq,
                     ring: ring_of(&mem, ring, Consumer::new)?,
+                    place: ring,
                 })
             }
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
@@ -548,6 +569,7 @@ impl Context {
                     rq: ring_of(&mem, rq, Producer::new)?,
                     bell: bell_of,
                     bit: bell % BELL_QPS,
+                    places: (sq, rq),
                 })
             }
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
@@ -587,6 +609,11 @@ impl Context {
     /// `ibv_destroy_qp` of QP `qpn` (its rings are the caller's to drop).
     pub fn destroy_qp_num(&self, qpn: u32) -> Result<(), ClientError> {
         self.done(&Request::DestroyQp { qpn })
+    }
+
+    /// The doorbell memory roced gave at attach (a region per lcore; see [`crate::bell`]).
+    pub fn doorbell_memory(&self) -> Option<&Arc<SharedMem>> {
+        self.bells.as_ref()
     }
 
     /// The socket, for a caller that waits on it.

@@ -461,6 +461,11 @@ impl Consumer {
     pub fn consumed(&self) -> u32 {
         self.tail
     }
+
+    /// The memory the ring lives in.
+    pub fn memory(&self) -> &Arc<SharedMem> {
+        &self.ring.mem
+    }
 }
 
 #[cfg(test)]

@@ -120,8 +120,23 @@ pub(super) fn app_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<
     };
     table(
         out,
-        &["pid", "command", "qps", "mrs", "cqs", "pds", "ahs"],
+        &[
+            "pid",
+            "command",
+            "qps",
+            "mrs",
+            "cqs",
+            "pds",
+            "ahs",
+            "sends",
+            "recvs",
+            "completions",
+            "errors",
+        ],
         list.iter().map(|a| {
+            let c = &a["counters"];
+            let errors =
+                c["refused"].as_u64().unwrap_or(0) + c["broken_rings"].as_u64().unwrap_or(0);
             vec![
                 s(&a["pid"]),
                 s(&a["command"]),
@@ -130,6 +145,10 @@ pub(super) fn app_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<
                 s(&a["cqs"]),
                 many(&a["pds"]),
                 s(&a["ahs"]),
+                s(&c["sends"]),
+                s(&c["recvs"]),
+                s(&c["completions"]),
+                errors.to_string(),
             ]
         }),
     )

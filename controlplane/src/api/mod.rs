@@ -219,14 +219,18 @@ async fn openapi() -> Reply {
 
 /// The applications attached to the attach socket and what each made.
 async fn apps(State(s): State<Arc<ApiState>>) -> Reply {
-    let list: Vec<Value> = s
-        .apps
-        .lock()
-        .expect("applications")
-        .values()
-        .cloned()
-        .collect();
-    ok(Value::Array(list))
+    let list = blocking(move || {
+        let apps: Vec<_> = s
+            .apps
+            .lock()
+            .expect("applications")
+            .values()
+            .cloned()
+            .collect();
+        s.rdma.app_listings(&apps).map_err(ApiError::from)
+    })
+    .await?;
+    ok(Value::Array(list.into_iter().map(|(v, _)| v).collect()))
 }
 
 async fn health(State(s): State<Arc<ApiState>>) -> Reply {

@@ -28,9 +28,22 @@ pub(super) async fn port_show(State(s): State<Arc<ApiState>>, Path(p): Path<Stri
 /// Prometheus exposition of the node's counters (see [`crate::metrics`]).
 pub(super) async fn metrics(State(s): State<Arc<ApiState>>) -> Reply {
     let s2 = s.clone();
-    let (hosts, latency) =
-        blocking(move || Ok::<_, ApiError>((s.rdma.counters()?, s.rdma.latency()?))).await?;
-    let text = crate::metrics::render(&s2, &hosts, &latency)
+    let (hosts, latency, apps) = blocking(move || {
+        let apps: Vec<_> = s
+            .apps
+            .lock()
+            .expect("applications")
+            .values()
+            .cloned()
+            .collect();
+        Ok::<_, ApiError>((
+            s.rdma.counters()?,
+            s.rdma.latency()?,
+            s.rdma.app_listings(&apps)?,
+        ))
+    })
+    .await?;
+    let text = crate::metrics::render(&s2, &hosts, &latency, &apps)
         .map_err(|e| ApiError::internal("internal", format!("metrics: {e}")))?;
     Ok((
         [(

@@ -2,7 +2,7 @@
 //! the completion rings of their CQs and the rings of their QPs handed to the QPs' lcores.
 
 use super::*;
-use dataplane::host::{AppError, AppQueues};
+use dataplane::host::{AppCounters, AppError, AppQueues};
 use verbs::bell::Bells;
 use verbs::ring::Producer;
 
@@ -120,6 +120,45 @@ impl Rdma {
             return Err(RdmaError::not_found(format!("no lcore {lcore}")));
         }
         self.ask(lcore, move |h, _| h.apps.add_bells(bells))
+    }
+
+    /// By lcore: what each attached application's QPs there did, by doorbell region.
+    pub fn app_counters(&self) -> Result<Vec<Vec<(u32, AppCounters)>>, RdmaError> {
+        (0..self.lcores.len())
+            .map(|l| self.ask(l, |h, _| h.apps.region_counters()))
+            .collect()
+    }
+
+    /// The listings of the attached applications `apps`, each with what its QPs did (summed
+    /// over its lcores: `counters` in `GET /v1/apps`, the `ferroce_app_*` series).
+    pub fn app_listings(
+        &self,
+        apps: &[crate::state::AppListing],
+    ) -> Result<Vec<(serde_json::Value, AppCounters)>, RdmaError> {
+        let by_lcore = self.app_counters()?;
+        Ok(apps
+            .iter()
+            .map(|a| {
+                let mut c = AppCounters::default();
+                for (l, n) in &a.regions {
+                    if let Some((_, r)) = by_lcore
+                        .get(*l)
+                        .and_then(|rs| rs.iter().find(|(m, _)| m == n))
+                    {
+                        c.add(r);
+                    }
+                }
+                let mut v = a.listing.clone();
+                v["counters"] = serde_json::json!({
+                    "sends": c.sends,
+                    "recvs": c.recvs,
+                    "completions": c.completions,
+                    "refused": c.refused,
+                    "broken_rings": c.broken_rings,
+                });
+                (v, c)
+            })
+            .collect())
     }
 
     /// Takes doorbell region `n` back from lcore `lcore`.

@@ -79,7 +79,8 @@ pub enum AppError {
     Device(#[from] DeviceError),
 }
 
-/// What the application queues of a shard did.
+/// What application queues did: one application's on one lcore (its doorbell region's), or
+/// all of a shard's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AppCounters {
     /// Send entries posted.
@@ -94,6 +95,21 @@ pub struct AppCounters {
     pub broken_rings: u64,
     /// Visits to QPs (rung, named by the device, or left unfinished): an idle QP costs none.
     pub visits: u64,
+    /// Completions dropped because their completion ring was abandoned as corrupt.
+    pub dropped: u64,
+}
+
+impl AppCounters {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &AppCounters) {
+        self.sends += o.sends;
+        self.recvs += o.recvs;
+        self.completions += o.completions;
+        self.refused += o.refused;
+        self.broken_rings += o.broken_rings;
+        self.visits += o.visits;
+        self.dropped += o.dropped;
+    }
 }
 
 #[derive(Debug)]
@@ -115,6 +131,8 @@ struct BellRegion {
     bells: Bells,
     /// By bit: the QP's index in [`Apps::qps`] + 1 (0: none).
     qps: Vec<u32>,
+    /// What its application's QPs on this lcore did.
+    counters: AppCounters,
 }
 
 /// What decoding an entry works in, kept between entries: a private copy of the slot, and the
@@ -130,6 +148,9 @@ struct Scratch {
 struct AppCq {
     ring: Producer,
     event: Option<std::os::fd::OwnedFd>,
+    /// Its consumer index was impossible: it is written no more, and what would go to it is
+    /// dropped (counted), as a CQ in error loses its completions.
+    broken: bool,
 }
 
 /// The shard's application QPs and the completion rings they complete into. A CQ's ring has one
@@ -156,7 +177,8 @@ pub struct Apps {
     /// A private copy of the slot being decoded.
     scratch: Box<Scratch>,
     /// What they did.
-    pub counters: AppCounters,
+    /// What QPs whose region is gone did, and regions removed.
+    retired: AppCounters,
 }
 
 impl Default for Apps {
@@ -183,7 +205,7 @@ impl Default for Apps {
                     ud: None,
                 },
             }),
-            counters: AppCounters::default(),
+            retired: AppCounters::default(),
         }
     }
 }
@@ -193,7 +215,11 @@ impl Apps {
     /// channel (written when a completion arrives while the application has armed the ring);
     /// its number for [`AppQueues`].
     pub fn add_cq(&mut self, ring: Producer, event: Option<std::os::fd::OwnedFd>) -> u32 {
-        let cq = AppCq { ring, event };
+        let cq = AppCq {
+            ring,
+            event,
+            broken: false,
+        };
         match self.cqs.iter().position(Option::is_none) {
             Some(i) => {
                 self.cqs[i] = Some(cq);
@@ -211,6 +237,7 @@ impl Apps {
         let r = Some(BellRegion {
             bells,
             qps: Vec::new(),
+            counters: AppCounters::default(),
         });
         match self.bells.iter().position(Option::is_none) {
             Some(i) => {
@@ -228,7 +255,26 @@ impl Apps {
     /// move only when the device names them).
     pub fn remove_bells(&mut self, n: u32) -> Option<Bells> {
         let r = self.bells.get_mut(n as usize)?.take()?;
+        self.retired.add(&r.counters);
         Some(r.bells)
+    }
+
+    /// What the shard's application queues did, all told.
+    pub fn counters(&self) -> AppCounters {
+        let mut c = self.retired;
+        for r in self.bells.iter().flatten() {
+            c.add(&r.counters);
+        }
+        c
+    }
+
+    /// What each doorbell region's application did on this lcore, by region number.
+    pub fn region_counters(&self) -> Vec<(u32, AppCounters)> {
+        self.bells
+            .iter()
+            .enumerate()
+            .filter_map(|(n, r)| r.as_ref().map(|r| (n as u32, r.counters)))
+            .collect()
     }
 
     /// Gives completion ring `cq` back, refused while a QP of `dev` completes into it (QPs
@@ -409,7 +455,6 @@ impl Apps {
         }
         core::mem::swap(&mut self.work, &mut self.visiting);
         let scratch = &mut *self.scratch;
-        let c = &mut self.counters;
         let cqs = &mut self.cqs[..];
         let ahs = &self.ahs[..];
         for &i in &self.visiting {
@@ -417,6 +462,11 @@ impl Apps {
                 continue;
             };
             a.queued = false;
+            // Counted for its application (single writer: this lcore).
+            let c = match self.bells.get_mut(a.q.bells as usize) {
+                Some(Some(r)) => &mut r.counters,
+                _ => &mut self.retired,
+            };
             c.visits += 1;
             if dev.index(a.q.qpn) != Some(a.slot as usize) {
                 // Destroyed (the device's event detaches it).
@@ -653,7 +703,7 @@ fn to_err(dev: &mut Device, qpn: u32) {
 /// Writes `wc` into completion ring `cq`; false if it is full (or gone, or broken).
 fn push(cqs: &mut [Option<AppCq>], cq: u32, wc: &WorkCompletion) -> bool {
     match cqs.get_mut(cq as usize) {
-        Some(Some(c)) => matches!(c.ring.push_array(&cqe(wc).encode()), Ok(true)),
+        Some(Some(c)) if !c.broken => matches!(c.ring.push_array(&cqe(wc).encode()), Ok(true)),
         _ => false,
     }
 }
@@ -672,15 +722,38 @@ fn complete(
         let Some(Some(ring)) = cqs.get_mut(cq as usize) else {
             continue;
         };
+        if ring.broken {
+            // Its completions are dropped, not kept for a ring that cannot take them.
+            let n = dev.take_completions(a.q.qpn, send, |_| true).unwrap_or(0);
+            c.dropped += n as u64;
+            continue;
+        }
+        let mut corrupt = false;
         let n = dev
             .take_completions(a.q.qpn, send, |wc| {
-                let ok = matches!(ring.ring.stage_array(&cqe(wc).encode()), Ok(true));
-                full |= !ok;
-                ok
+                match ring.ring.stage_array(&cqe(wc).encode()) {
+                    Ok(true) => true,
+                    Ok(false) => {
+                        full = true;
+                        false
+                    }
+                    Err(_) => {
+                        corrupt = true;
+                        false
+                    }
+                }
             })
             .unwrap_or(0);
         // The batch, seen by the application at once.
         ring.ring.publish();
+        if corrupt {
+            // The application wrote an impossible consumer index into its completion ring:
+            // abandoned, as a corrupt work queue is (the QP is untouched: its completions are
+            // dropped from now on; other processes notice nothing).
+            ring.broken = true;
+            c.broken_rings += 1;
+            full = true;
+        }
         if n > 0 {
             c.completions += n as u64;
             notify_one(ring);

@@ -491,7 +491,7 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
         .unwrap()
         .unwrap();
     assert_eq!(got, pattern);
-    let counters = ask(&a, |h, _| h.apps.counters).unwrap();
+    let counters = ask(&a, |h, _| h.apps.counters()).unwrap();
     assert_eq!(counters.broken_rings, 1, "{counters:?}");
     // A completion ring is not taken back while a QP completes into it.
     let r = ask(&a, |h, _| h.apps.remove_cq(&h.dev, 0).map(|_| ())).unwrap();
@@ -512,7 +512,7 @@ fn the_lcore_visits_only_qps_whose_doorbell_rang_or_that_the_device_named() {
     let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
     let p = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
     let mut app = attach(&a, p.qpa);
-    let visits = || ask(&a, |h, _| h.apps.counters.visits).unwrap();
+    let visits = || ask(&a, |h, _| h.apps.counters().visits).unwrap();
     // Each ask is a turn of the lcore's loop at least: an idle QP is not visited in any.
     let idle = visits();
     for _ in 0..200 {
@@ -525,7 +525,7 @@ fn the_lcore_visits_only_qps_whose_doorbell_rang_or_that_the_device_named() {
     for _ in 0..200 {
         assert_eq!(visits(), idle, "a QP was visited without its doorbell");
     }
-    assert_eq!(ask(&a, |h, _| h.apps.counters.sends).unwrap(), 0);
+    assert_eq!(ask(&a, |h, _| h.apps.counters().sends).unwrap(), 0);
     // ...and is, once rung; its completion (from the peer's ACK: the device names the QP)
     // comes in a few more visits.
     app.bell.ring(app.bit);
@@ -535,6 +535,60 @@ fn the_lcore_visits_only_qps_whose_doorbell_rang_or_that_the_device_named() {
     assert!(busy > idle && busy <= idle + 4, "{idle} then {busy} visits");
     for _ in 0..200 {
         assert_eq!(visits(), busy, "an idle QP was visited");
+    }
+    stop_all([&a, &b], vec![ta, tb]);
+}
+
+#[test]
+fn a_completion_ring_with_an_impossible_consumer_index_is_abandoned_alone() {
+    use app_rings::{attach, write};
+    use verbs::ring::RingLayout;
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    let one = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let two = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let mut app1 = attach(&a, one.qpa);
+    let mut app2 = attach(&a, two.qpa);
+    // The application writes its completion ring's consumer index far past what it was given
+    // (the ring follows the send and receive rings; its consumer index is its second line).
+    let cq_at =
+        RingLayout::new(16, 128).unwrap().bytes() + RingLayout::new(16, 64).unwrap().bytes();
+    // SAFETY: the completion ring's consumer index, inside the shared memory.
+    unsafe { (app1.mem.as_ptr().add(cq_at + 64) as *mut u32).write_volatile(5000) };
+    // The lcore reads it when the ring looks full to it: after 64 completions (the ring's
+    // size, none of them read), the 65th finds it impossible and the ring is abandoned.
+    let t = std::time::Instant::now();
+    let mut slot = [0u8; 128];
+    for id in 0..80 {
+        let n = write(id, one.ka, one.kb, 0, 64).encode(&mut slot).unwrap();
+        while !app1.sq.push(&slot[..n]).unwrap() {
+            assert!(t.elapsed() < WAIT, "the send ring stayed full");
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        app1.bell.ring(app1.bit);
+    }
+    let c = loop {
+        let c = ask(&a, |h, _| h.apps.counters()).unwrap();
+        if c.completions + c.dropped == 80 {
+            break c;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "completions neither written nor dropped: {c:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert_eq!(
+        (c.completions, c.dropped, c.broken_rings),
+        (64, 16, 1),
+        "{c:?}"
+    );
+    // The other application's QP on the lcore carries on.
+    for id in 10..15 {
+        app2.post(&write(id, two.ka, two.kb, 0, 4096));
+        let c = app2.completion();
+        assert_eq!((c.wr_id, c.status), (id, 0));
     }
     stop_all([&a, &b], vec![ta, tb]);
 }
