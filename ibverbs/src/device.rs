@@ -265,9 +265,9 @@ fn device_attr(x: &Ctx, a: &mut ibv_device_attr) {
     a.max_cqe = 1 << 15;
     a.max_mr = 1 << 16;
     a.max_pd = 1 << 16;
-    a.max_qp_rd_atom = 16;
-    a.max_res_rd_atom = 16 << 16;
-    a.max_qp_init_rd_atom = 16;
+    a.max_qp_rd_atom = verbs::abi::MAX_RD_ATOMIC.into();
+    a.max_res_rd_atom = c_int::from(verbs::abi::MAX_RD_ATOMIC) << 16;
+    a.max_qp_init_rd_atom = verbs::abi::MAX_RD_ATOMIC.into();
     a.atomic_cap = ibv_atomic_cap::IBV_ATOMIC_HCA;
     a.max_ah = 1 << 16;
     a.max_pkeys = 1;

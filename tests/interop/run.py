@@ -5,7 +5,9 @@ usage: run.py [--only SUBSTRING] [--keep-logs DIR]
 
 Boots one peer VM (peer.Lab), starts roced on net_af_packet in the lab's namespace, and runs
 each case in both roles (ferroce as perftest client against the VM's server, and the VM's
-perftest client against `rocectl perf --server`). A case passes when both sides exit 0 and
+perftest client against `rocectl perf --server`). The `lib` cases run the same unmodified
+tool on both ends: Debian's perftest or rdma-core example on ferroce through
+libferroce_ibverbs.so (LD_PRELOAD, attached to roced's socket), against the same on rxe. A case passes when both sides exit 0 and
 report the same message size and iteration count with a non-zero bandwidth. Prints one line
 per case, then the tools' own output for every case; exits 1 if any case failed.
 
@@ -42,6 +44,10 @@ def binary(name):
 ROCED = binary("roced")
 ROCECTL = binary("rocectl")
 API = "127.0.0.1:7480"
+# The compatibility library (issue 21), built beside roced: the same Debian tools as the VM's
+# run on ferroce through it, in the lab's namespace, attached to roced's socket.
+LIBRARY = os.path.join(os.path.dirname(ROCED), "libferroce_ibverbs.so")
+ATTACH = "/run/ferroce/ferroce-interop-%d.sock" % os.getpid()
 
 CONFIG = """[eal]
 file_prefix = "ferroce-interop-%d"
@@ -170,6 +176,25 @@ CASES = [
     case("ecn write_bw 64KiB", "ib_write_bw -s 65536 -n 200 -m 1024",
          "write bw -s 65536 -n 200 -m 1024", netem="loss 20% ecn",
          vm_flags=" --tclass=2", cnp=True),
+]
+
+# The same unmodified tools on both ends: Debian's perftest and rdma-core examples on ferroce
+# through libferroce_ibverbs.so (LD_PRELOAD), against the same tools on rxe in the VM; both
+# roles, path MTU 1024 and 4096, IPv4 and IPv6 GIDs.
+LIB_CASES = [
+    case("lib write_bw 64B", "ib_write_bw -s 64 -n 500 -m 1024", None),
+    case("lib write_bw 64KiB mtu4096", "ib_write_bw -s 65536 -n 100 -m 4096", None),
+    case("lib read_bw 4KiB", "ib_read_bw -s 4096 -n 300 -m 1024", None),
+    case("lib send_bw 4KiB mtu4096", "ib_send_bw -s 4096 -n 300 -m 4096", None),
+    case("lib atomic_bw fetch-add", "ib_atomic_bw -A FETCH_AND_ADD -n 300", None),
+    case("lib write_lat 8B", "ib_write_lat -s 8 -n 200 -m 1024", None),
+    case("lib read_lat 8B mtu4096", "ib_read_lat -s 8 -n 200 -m 4096", None),
+    case("lib send_lat 8B", "ib_send_lat -s 8 -n 200 -m 1024", None),
+    case("lib rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024", None),
+    case("lib ud_pingpong 1KiB", "ibv_ud_pingpong -s 1024 -n 100", None),
+    case("lib ipv6 write_bw 64KiB", "ib_write_bw -s 65536 -n 100 -m 4096", None, gid=2),
+    case("lib ipv6 send_lat 8B", "ib_send_lat -s 8 -n 200 -m 1024", None, gid=2),
+    case("lib ipv6 rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024", None, gid=2),
 ]
 
 # Flags every tool gets: the device, and for perftest the report format.
@@ -318,8 +343,62 @@ def impair(loss):
         api("PUT", "/v1/ports/0/impair", {"direction": d, "loss": loss})
 
 
+def lib_tool(tool, flags, *args):
+    """The argv of `tool` on ferroce: in the lab's namespace, the library on LD_PRELOAD."""
+    return (["ip", "netns", "exec", peer.NS, "env", "LD_PRELOAD=" + LIBRARY,
+             "FERROCE_SOCKET=" + ATTACH] + tool.split() + flags.split() + list(args))
+
+
+def run_lib_case(vm, c):
+    """Both roles of a case whose ferroce side is the same tool through the library: a list of
+    (roles, ok, why, ferroce output, rxe output)."""
+    tool = c["tool"]
+    pingpong = "_pingpong" in tool
+    vm_flags = (PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS) % c["gid"]
+    lib_flags = vm_flags.replace("rxe0", "ferroce0")
+    lat = "_lat" in c["name"]
+    out = []
+    # ferroce's tool is the client, the VM serves.
+    vm_server(vm, tool + vm_flags)
+    try:
+        r = subprocess.run(lib_tool(tool, lib_flags, vm.ip), capture_output=True,
+                           text=True, timeout=150)
+        fout, frc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        fout, frc = "%s\n(killed: no exit in 150 s)" % (e.stdout or ""), -9
+    srv = vm_server_result(vm)
+    ok = frc == 0 and exit_of(srv) == "0"
+    ok2, why = check(fout, srv, lat, pingpong) if ok else (
+        False, "exit %d / %s: %s" % (frc, exit_of(srv), fout.strip()[-300:]))
+    out.append(("ferroce (library) client -> rxe server", ok and ok2, why, fout, srv))
+    if pingpong:
+        time.sleep(0.5)
+    # The VM's tool is the client, ferroce's serves.
+    p = subprocess.Popen(lib_tool(tool, lib_flags), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    port = ":18515 "
+    for _ in range(100):
+        if port in peer.nsx("ss -ltn", check=False):
+            break
+        time.sleep(0.1)
+    _, cout = vm.run("timeout -k 5 120 %s%s %s; echo EXIT=$?" % (tool, vm_flags, peer.HOST_IP),
+                     150)
+    try:
+        sout = p.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        sout = p.communicate()[0] + "\n(killed: no exit)"
+    ok = p.returncode == 0 and exit_of(cout) == "0"
+    ok2, why = check(cout, sout, lat, pingpong) if ok else (
+        False, "exit %s / %s: %s" % (exit_of(cout), p.returncode, sout.strip()[-300:]))
+    out.append(("rxe client -> ferroce (library) server", ok and ok2, why, sout, cout))
+    return out
+
+
 def run_case(vm, c):
     """Both roles of one case: a list of (roles, ok, why, ferroce output, rxe output)."""
+    if c["perf"] is None:
+        return run_lib_case(vm, c)
     name, tool = c["name"], c["tool"]
     pingpong = tool.startswith("ibv_") and "_pingpong" in tool
     flags = (PINGPONG_FLAGS if pingpong else PERFTEST_FLAGS) % c["gid"] + c["vm_flags"]
@@ -425,7 +504,7 @@ def main():
         print("peer %s up (rxe0 ACTIVE) after %.1fs" % (vm.ip, time.time() - t0), flush=True)
         roced = Roced(logdir, LAB_MTU)
         try:
-            for c in CASES:
+            for c in CASES + LIB_CASES:
                 if only and only not in c["name"]:
                     continue
                 results = run_case(vm, c)

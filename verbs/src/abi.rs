@@ -31,6 +31,9 @@ use arrayvec::ArrayVec;
 
 /// Scatter/gather entries one work request may carry (the device's max_sge).
 pub const MAX_SGE: usize = 8;
+/// READs and atomics a QP may have outstanding either way (the device's `max_qp_rd_atom` and
+/// `max_qp_init_rd_atom`).
+pub const MAX_RD_ATOMIC: u8 = 128;
 /// Inline bytes one send work request may carry (the device's max_inline_data).
 pub const MAX_INLINE: usize = 512;
 /// Bytes of a send entry's header.

@@ -33,6 +33,7 @@ use verbs::ring::{Consumer, Producer};
 
 // The rings' scatter/gather lists fit the transport's.
 const _: () = assert!(abi::MAX_SGE == transport::wr::MAX_SGE);
+const _: () = assert!(abi::MAX_RD_ATOMIC == transport::qp::MAX_RD_ATOMIC);
 
 /// Entries taken from one ring per loop iteration, so that a busy application cannot hold the
 /// lcore away from its frames and its other QPs.

@@ -299,8 +299,11 @@ pub enum ModifyError {
     Datagram,
 }
 
-/// Maximum outstanding READ/atomic requests in either direction.
-pub const MAX_RD_ATOMIC: u8 = 16;
+/// Maximum outstanding READ/atomic requests in either direction: 128, as Linux rxe offers
+/// (`max_qp_rd_atom`). perftest sets a QP's `max_rd_atomic` to the *peer's* `out_reads`, its
+/// device's maximum: a smaller figure here refused perftest's modify to RTS against rxe.
+/// (Outstanding requests are counted, not given slots: a larger figure costs no memory.)
+pub const MAX_RD_ATOMIC: u8 = 128;
 
 /// The QP's settled attributes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
