@@ -154,7 +154,7 @@ pub fn document() -> Value {
         "retry_cnt": {"type": "integer", "minimum": 0, "maximum": 7},
         "rnr_retry": {"type": "integer", "minimum": 0, "maximum": 7},
         "min_rnr_timer": {"type": "integer", "minimum": 0, "maximum": 31},
-        "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 16},
+        "max_rd_atomic": {"type": "integer", "minimum": 0, "maximum": 128},
         "access": access.clone(), "dscp": {"type": "integer", "minimum": 0, "maximum": 63}});
     let mut modify_props = attr_props.clone();
     modify_props["state"] =

@@ -42,6 +42,11 @@ struct Args {
     /// CPU of the receiving side.
     #[arg(long, default_value_t = 0)]
     rx_cpu: usize,
+    /// CPUs of the applications run through the compatibility library: the server's (beside
+    /// the receiving node), then the client's (default: the nodes' own CPUs, shared with
+    /// their lcores, as on a 2-CPU machine they must be).
+    #[arg(long, value_delimiter = ',', num_args = 2)]
+    app_cpus: Option<Vec<usize>>,
     #[command(subcommand)]
     cmd: Option<Sub>,
 }
@@ -106,6 +111,195 @@ fn perf(server: &str, client: &str, args: &[&str], port: u16) -> Result<(Run, Ru
     }
     let parse = |s: &str| serde_json::from_str::<Value>(s.trim()).map_err(|e| format!("{e}: {s}"));
     Ok((parse(&String::from_utf8_lossy(&o))?, parse(&sout)?))
+}
+
+/// Where the library's server and client applications run.
+fn app_cpus(a: &Args) -> (usize, usize) {
+    match a.app_cpus.as_deref() {
+        Some([s, c]) => (*s, *c),
+        _ => (a.rx_cpu, a.tx_cpu),
+    }
+}
+
+/// One run of an unmodified perftest tool on both nodes through libferroce_ibverbs.so (issue
+/// 21): the server on node A's attach socket, the client on node B's, each pinned where
+/// [`app_cpus`] says. The figures of the client's result line (perftest's own columns).
+fn lib_perf(a: &Args, tool: &str, args: &[&str], port: u16) -> Result<Vec<f64>, String> {
+    use std::process::{Command, Stdio};
+    let lib = a
+        .roced
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("libferroce_ibverbs.so");
+    if !lib.exists() {
+        return Err(format!("{} is not built", lib.display()));
+    }
+    let p = port.to_string();
+    let (scpu, ccpu) = app_cpus(a);
+    let spawn = |sock: &str, cpu: usize, peer: Option<&str>| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &cpu.to_string(), tool])
+            .args(args)
+            .args([
+                "-d",
+                "ferroce0",
+                "-x",
+                "1",
+                "-F",
+                "--report_gbits",
+                "-p",
+                &p,
+            ])
+            .args(peer)
+            .env("LD_PRELOAD", &lib)
+            .env("FERROCE_SOCKET", sock)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().map_err(|e| format!("{tool}: {e}"))
+    };
+    let server = spawn("/run/ferroce/ferroce-report-a.sock", scpu, None)?;
+    // Listening when its port shows in /proc/net/tcp in state LISTEN (0A).
+    let hex = format!(":{port:04X} ");
+    let t = Instant::now();
+    while !std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&hex) && l.split_whitespace().nth(3) == Some("0A"))
+    {
+        if t.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let client = spawn(
+        "/run/ferroce/ferroce-report-b.sock",
+        ccpu,
+        Some("127.0.0.1"),
+    )?;
+    let wait = |c: std::process::Child| {
+        let pid = c.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(c.wait_with_output());
+        });
+        match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(Ok(o)) => Ok(o),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                Err(format!("{tool} did not finish in 180 s"))
+            }
+        }
+    };
+    let (c, s) = (wait(client), wait(server));
+    let (c, s) = (c?, s?);
+    let text = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+    if !c.status.success() || !s.status.success() {
+        return Err(format!(
+            "{tool} {args:?}: client {}, server {}: {}",
+            c.status,
+            s.status,
+            text(&c).lines().last().unwrap_or("")
+        ));
+    }
+    let out = text(&c);
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .iter()
+        .position(|l| l.contains("#bytes"))
+        .and_then(|i| lines.get(i + 1))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .ok_or_else(|| format!("{tool}: no result line in:\n{out}"))
+}
+
+/// One library run: the tool, the message size, perftest's figures or why there are none.
+type AppRun<'a> = (&'a str, u64, Result<Vec<f64>, String>);
+
+/// The section on applications: the library's figures beside the built-in engine's.
+fn app_section(
+    a: &Args,
+    apps: &[AppRun<'_>],
+    bw: &[(&str, u64, Run)],
+    lat: &[(&str, u64, Run)],
+) -> String {
+    let (scpu, ccpu) = app_cpus(a);
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## Applications through libferroce_ibverbs.so\n");
+    let shared = |cpu: usize, node: usize| {
+        if cpu == node {
+            format!("CPU {cpu}, shared with that node's lcore")
+        } else {
+            format!("CPU {cpu}")
+        }
+    };
+    let _ = writeln!(
+        md,
+        "Unmodified perftest 4.5 from Debian (`ib_write_bw`, `ib_write_lat`, `-m 4096 -x 1 \
+         --report_gbits`) with `LD_PRELOAD=libferroce_ibverbs.so`, attached to the two nodes \
+         above, beside `rocectl perf` (the engine's own perftest) from the same run. The \
+         server tool runs on {}, the client on {} (`--app-cpus`). On a 2-CPU machine each \
+         application shares its CPU with an lcore that busy-polls, so the library's figures \
+         here are the scheduler's as much as ferroce's; rerun with `--app-cpus` on a larger \
+         machine. The instructions a message costs through the rings, counted instead of \
+         timed, are `bash scripts/stream-cost.sh`'s (`--app` against the built-in stream).\n",
+        shared(scpu, a.rx_cpu),
+        shared(ccpu, a.tx_cpu)
+    );
+    let _ = writeln!(
+        md,
+        "| test | through the library | rocectl perf | library / built-in |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|");
+    for (tool, size, r) in apps {
+        let lat_test = tool.ends_with("_lat");
+        // perftest's columns: bw: bytes, iterations, peak, average (Gb/s), Mpps; lat: bytes,
+        // iterations, t_min, t_max, t_typical, ...
+        let (mine, unit) = match r {
+            Ok(v) if lat_test => (v.get(4).copied(), "us typical"),
+            Ok(v) if *size == 64 => (v.get(4).copied(), "Mpps"),
+            Ok(v) => (v.get(3).copied(), "Gbit/s"),
+            Err(_) => (None, ""),
+        };
+        let builtin = if lat_test {
+            lat.iter()
+                .find(|x| x.0 == "write" && x.1 == *size)
+                .and_then(|x| x.2["latency_us"]["typical"].as_f64())
+        } else {
+            let k = if *size == 64 {
+                "msg_rate_mpps"
+            } else {
+                "gbit_s"
+            };
+            bw.iter()
+                .find(|x| x.0 == "write" && x.1 == *size)
+                .map(|x| f(&x.2, k))
+        };
+        let name = format!("{tool} -s {size}");
+        match (mine, r) {
+            (Some(m), _) => {
+                let b = builtin.unwrap_or(f64::NAN);
+                let _ = writeln!(
+                    md,
+                    "| {name} | {m:.3} {unit} | {b:.3} {unit} | {:.2} |",
+                    m / b
+                );
+            }
+            (None, Err(e)) => {
+                let _ = writeln!(md, "| {name} | failed: {} | | |", e.replace('|', "/"));
+            }
+            (None, Ok(v)) => {
+                let _ = writeln!(md, "| {name} | no figures: {v:?} | | |");
+            }
+        }
+    }
+    md
 }
 
 /// The report's two nodes: the server (memif server side) on the receiving CPU, the client
@@ -259,7 +453,7 @@ fn run(a: &Args) -> Result<(), String> {
     };
     let mut p = Progress {
         step: 0,
-        total: 4 + sizes.len() * 3 + 1 + LAT_SIZES.len() * 3 + 1 + QP_COUNTS.len() + 6,
+        total: 4 + sizes.len() * 3 + 1 + LAT_SIZES.len() * 3 + 1 + QP_COUNTS.len() + 3 + 6,
         t0: Instant::now(),
     };
     // 1. The vdev's limit.
@@ -330,10 +524,29 @@ fn run(a: &Args) -> Result<(), String> {
             .map(|x| x.0);
             scale.push((q, r));
         }
-        Ok((bw, atomic, lat, alat, scale))
+        // Unmodified perftest through the compatibility library, on the same nodes.
+        let mut apps = Vec::new();
+        for (tool, size) in [
+            ("ib_write_bw", 64u64),
+            ("ib_write_bw", 65536),
+            ("ib_write_lat", 8),
+        ] {
+            let n = if tool.ends_with("_lat") {
+                if a.quick { 2000 } else { 20_000 }
+            } else {
+                bw_iters(size, a.quick)
+            };
+            p.say(&format!(
+                "{tool} -s {size} x {n} through libferroce_ibverbs.so"
+            ));
+            let (sz, it) = (size.to_string(), n.to_string());
+            let args = ["-s", sz.as_str(), "-n", it.as_str(), "-m", "4096"];
+            apps.push((tool, size, lib_perf(a, tool, &args, next_port())));
+        }
+        Ok((bw, atomic, lat, alat, scale, apps))
     })();
     nodes.stop();
-    let (bw, atomic, lat, alat, scale) = result?;
+    let (bw, atomic, lat, alat, scale, apps) = result?;
     // 1 again. This machine's speed drifts within minutes (testpmd's 64 B rate has moved 3x
     // between two runs of this report): the vdev's limit once more after ferroce's runs, and
     // the ratios take the higher of the two (the harder baseline).
@@ -360,9 +573,10 @@ fn run(a: &Args) -> Result<(), String> {
     drop(veth);
     let ve = ve?;
     // 4. The report.
-    let md = report(
+    let mut md = report(
         a, tp64, tp4k, costs, &bw, &atomic, &lat, &alat, &scale, &lo, &ve,
     )?;
+    md.push_str(&app_section(a, &apps, &bw, &lat));
     print!("{md}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

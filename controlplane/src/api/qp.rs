@@ -276,7 +276,12 @@ pub(super) fn attr_request(
         return Err(missing("remote_gid"));
     }
     let dscp = check("dscp", b.dscp, 63, 26)?;
-    let max_rd_atomic = check("max_rd_atomic", b.max_rd_atomic, 16, 16)?;
+    let max_rd_atomic = check(
+        "max_rd_atomic",
+        b.max_rd_atomic,
+        dataplane::transport::qp::MAX_RD_ATOMIC,
+        dataplane::transport::qp::DEFAULT_RD_ATOMIC,
+    )?;
     Ok(QpAttr {
         state: Some(state),
         access: Some(parse_access(

@@ -540,6 +540,41 @@ fn the_lcore_visits_only_qps_whose_doorbell_rang_or_that_the_device_named() {
 }
 
 #[test]
+fn a_test_on_another_qp_leaves_an_applications_qp_to_the_application() {
+    use app_rings::{attach, write};
+    let (qa, qb) = link(info(1), info(2), 8192);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(1, 0, 100e9));
+    // The application's QP in a lower slot than the test's: the tests' table reaches past it.
+    let one = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let two = connect_pair(&a, &b, Mtu::M1024, CcKind::None).unwrap();
+    let wr = SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: PAIR_VA,
+            rkey: two.kb,
+        },
+        transport::wr::Sge::list(PAIR_VA, 64, two.ka),
+    );
+    let q = two.qpa;
+    let r = ask_test(&a, WAIT, move |h, now, reply| {
+        h.tests.stream(&mut h.dev, now, q, wr, (20, 4, None), reply)
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.completed, 20);
+    // The application's completions keep coming to it (the device names its QP, the tests
+    // find no test there and leave its claim alone).
+    let mut app = attach(&a, one.qpa);
+    for id in 0..5 {
+        app.post(&write(id, one.ka, one.kb, 0, 64));
+        let c = app.completion();
+        assert_eq!((c.wr_id, c.status), (id, 0));
+    }
+    stop_all([&a, &b], vec![ta, tb]);
+}
+
+#[test]
 fn a_completion_ring_with_an_impossible_consumer_index_is_abandoned_alone() {
     use app_rings::{attach, write};
     use verbs::ring::RingLayout;

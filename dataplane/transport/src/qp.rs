@@ -232,8 +232,8 @@ impl QpAttr {
             retry_cnt: Some(7),
             rnr_retry: Some(7),
             min_rnr_timer: Some(1),
-            max_rd_atomic: Some(MAX_RD_ATOMIC),
-            max_dest_rd_atomic: Some(MAX_RD_ATOMIC),
+            max_rd_atomic: Some(DEFAULT_RD_ATOMIC),
+            max_dest_rd_atomic: Some(DEFAULT_RD_ATOMIC),
             path: Some(path),
             qkey: None,
         }
@@ -304,6 +304,11 @@ pub enum ModifyError {
 /// device's maximum: a smaller figure here refused perftest's modify to RTS against rxe.
 /// (Outstanding requests are counted, not given slots: a larger figure costs no memory.)
 pub const MAX_RD_ATOMIC: u8 = 128;
+
+/// Outstanding READ/atomic requests a QP connected by [`QpAttr::connect`] allows either way:
+/// 16, what most RNICs offer (mlx5's `max_qp_rd_atom`), so that its requests never exceed a
+/// hardware peer's responder resources.
+pub const DEFAULT_RD_ATOMIC: u8 = 16;
 
 /// The QP's settled attributes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
