@@ -46,7 +46,18 @@ ROCECTL = binary("rocectl")
 API = "127.0.0.1:7480"
 # The compatibility library (issue 21), built beside roced: the same Debian tools as the VM's
 # run on ferroce through it, in the lab's namespace, attached to roced's socket.
-LIBRARY = os.path.join(os.path.dirname(ROCED), "libferroce_ibverbs.so")
+def library():
+    """libferroce_ibverbs.so beside roced: where `cargo build` puts it, or in deps/, where
+    `cargo test` leaves it (a cdylib is copied up only by a build)."""
+    d = os.path.dirname(ROCED)
+    for p in (os.path.join(d, "libferroce_ibverbs.so"),
+              os.path.join(d, "deps", "libferroce_ibverbs.so")):
+        if os.path.exists(p):
+            return p
+    sys.exit("run.py: libferroce_ibverbs.so is not built beside %s" % ROCED)
+
+
+LIBRARY = library()
 ATTACH = "/run/ferroce/ferroce-interop-%d.sock" % os.getpid()
 
 CONFIG = """[eal]
