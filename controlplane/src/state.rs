@@ -38,3 +38,20 @@ pub struct AppListing {
     /// Its doorbell regions: (lcore, region number there), whose counters are its own.
     pub regions: Vec<(usize, u32)>,
 }
+
+impl ApiState {
+    /// The attached applications' listings, each with what its QPs did (asked of the lcores:
+    /// call it off the async runtime).
+    pub fn app_listings(
+        &self,
+    ) -> Result<Vec<(Value, dataplane::host::AppCounters)>, crate::rdma::RdmaError> {
+        let apps: Vec<_> = self
+            .apps
+            .lock()
+            .expect("applications")
+            .values()
+            .cloned()
+            .collect();
+        self.rdma.app_listings(&apps)
+    }
+}

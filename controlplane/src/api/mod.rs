@@ -219,17 +219,7 @@ async fn openapi() -> Reply {
 
 /// The applications attached to the attach socket and what each made.
 async fn apps(State(s): State<Arc<ApiState>>) -> Reply {
-    let list = blocking(move || {
-        let apps: Vec<_> = s
-            .apps
-            .lock()
-            .expect("applications")
-            .values()
-            .cloned()
-            .collect();
-        s.rdma.app_listings(&apps).map_err(ApiError::from)
-    })
-    .await?;
+    let list = blocking(move || s.app_listings()).await?;
     ok(Value::Array(list.into_iter().map(|(v, _)| v).collect()))
 }
 

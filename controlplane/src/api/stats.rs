@@ -29,18 +29,7 @@ pub(super) async fn port_show(State(s): State<Arc<ApiState>>, Path(p): Path<Stri
 pub(super) async fn metrics(State(s): State<Arc<ApiState>>) -> Reply {
     let s2 = s.clone();
     let (hosts, latency, apps) = blocking(move || {
-        let apps: Vec<_> = s
-            .apps
-            .lock()
-            .expect("applications")
-            .values()
-            .cloned()
-            .collect();
-        Ok::<_, ApiError>((
-            s.rdma.counters()?,
-            s.rdma.latency()?,
-            s.rdma.app_listings(&apps)?,
-        ))
+        Ok::<_, ApiError>((s.rdma.counters()?, s.rdma.latency()?, s.app_listings()?))
     })
     .await?;
     let text = crate::metrics::render(&s2, &hosts, &latency, &apps)
