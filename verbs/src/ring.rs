@@ -243,6 +243,17 @@ impl Producer {
         })
     }
 
+    /// [`Producer::stage_array`] of an entry `fill` writes where it goes (its first `N`
+    /// bytes, as the last entry there left them): no copy of a local array.
+    #[inline]
+    pub fn stage_fixed<const N: usize>(
+        &mut self,
+        fill: impl FnOnce(&mut [u8; N]),
+    ) -> Result<bool, RingError> {
+        // SAFETY: as in `push`, a slot of at least N bytes, the producer's until published.
+        self.produce::<false>(N, |dst| fill(unsafe { &mut *dst.cast::<[u8; N]>() }))
+    }
+
     /// Lets `fill` write the next entry in its slot (`slot_size` bytes, as the last entry
     /// there left them) and publishes it, after any staged before it, if `fill` returns true;
     /// `Ok(false)` if the ring is full or `fill` refused. An entry encoded where it goes costs
@@ -413,19 +424,22 @@ impl Consumer {
         let cap = (size - H).min(rest.len() & !7);
         let mut n = 0;
         // SAFETY: `consume` hands a published slot of `size` bytes: H are read into `head`,
-        // then `w` words after them, w * 8 <= cap <= size - H, into `rest` (cap <= its length).
+        // then n rounded up to 8 <= cap bytes after them (cap is a multiple of 8 and n <= cap),
+        // with cap <= size - H, into `rest` (cap <= its length).
         let got = self.consume(|src| unsafe {
             *head = src.cast::<[u8; H]>().read_unaligned();
             n = body(head).min(cap);
-            let w = n.div_ceil(8);
             let (from, to) = (src.add(H), rest.as_mut_ptr());
-            if w <= 4 {
-                for k in 0..w {
-                    let v = from.add(k * 8).cast::<u64>().read_unaligned();
-                    to.add(k * 8).cast::<u64>().write_unaligned(v);
-                }
-            } else {
-                core::ptr::copy_nonoverlapping(from, to, w * 8);
+            // One or two scatter/gather entries as one fixed-size move each: LLVM turns a loop
+            // of word moves back into a call of memcpy.
+            match n.div_ceil(8) * 8 {
+                16 => to
+                    .cast::<[u8; 16]>()
+                    .write_unaligned(from.cast::<[u8; 16]>().read_unaligned()),
+                32 => to
+                    .cast::<[u8; 32]>()
+                    .write_unaligned(from.cast::<[u8; 32]>().read_unaligned()),
+                w => core::ptr::copy_nonoverlapping(from, to, w),
             }
         })?;
         Ok(got.then_some(n))

@@ -23,7 +23,7 @@
 
 use crate::time::Instant;
 use transport::cq::{WcOpcode, WcStatus, WorkCompletion};
-use transport::device::{Claim, Device, DeviceError, Event};
+use transport::device::{Claim, Device, DeviceError, Event, SendQueue};
 use transport::qp::{Path, QpAttr, QpState};
 use transport::rc::PostError;
 use transport::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WrError};
@@ -476,9 +476,9 @@ impl Apps {
             // Its completions (the flushes, for a broken QP) still reach the application.
             let mut more = false;
             if !a.broken {
-                more |= take::<true>(dev, a, scratch, cqs, ahs, c, now);
+                more |= take_sends(dev, a, scratch, cqs, ahs, c, now);
                 if !a.broken {
-                    more |= take::<false>(dev, a, scratch, cqs, ahs, c, now);
+                    more |= take_recvs(dev, a, scratch, cqs, c);
                 }
             }
             more |= complete(dev, a, cqs, c);
@@ -502,13 +502,13 @@ fn queue(qps: &mut [Option<AppQp>], work: &mut Vec<u32>, i: u32) {
     }
 }
 
-/// Takes up to [`ENTRIES_PER_POLL`] entries from the QP's send ring (`SEND`) or receive ring
-/// and posts them; stops at an empty ring, a refused entry or a corrupt ring. True if it
-/// stopped at the bound, with entries perhaps left for the next visit. (`SEND` is a
-/// constant so that each ring's loop is compiled for it, and a refused entry's completion is
-/// built only when one is refused: a run-time flag and a completion built for every entry cost
+/// Takes up to [`ENTRIES_PER_POLL`] entries from the QP's send ring and posts them, through
+/// its send queue held for the run ([`Device::send_queue`]: one lookup, one clock update, one
+/// ready mark for the lot); stops at an empty ring, a refused entry or a corrupt ring. True if
+/// it stopped at the bound, with entries perhaps left for the next visit. (A refused entry's
+/// completion is built only when one is refused: a completion built for every entry cost
 /// 28 instructions a message in stream_cost --app, this 4.)
-fn take<const SEND: bool>(
+fn take_sends(
     dev: &mut Device,
     a: &mut AppQp,
     scratch: &mut Scratch,
@@ -518,8 +518,66 @@ fn take<const SEND: bool>(
     now: Instant,
 ) -> bool {
     let Scratch { slot, wr } = scratch;
+    let mut left = ENTRIES_PER_POLL;
+    loop {
+        // Posts until the ring is empty, the bound, or an entry the QP does not take.
+        let (refused, in_err) = {
+            let Some(mut sq) = dev.send_queue(a.slot as usize, now) else {
+                return false;
+            };
+            loop {
+                if left == 0 {
+                    return true;
+                }
+                left -= 1;
+                let len = match pop_entry::<true>(a, slot) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => return false,
+                    Err(_) => {
+                        drop(sq);
+                        broken(dev, a, c);
+                        return false;
+                    }
+                };
+                match post_send_entry(&mut sq, &a.q, &slot[..len], wr, ahs) {
+                    Ok(()) => c.sends += 1,
+                    Err(status) => break (status, sq.state() == QpState::Err),
+                }
+            }
+        };
+        let entry = &slot[..];
+        let done = Done {
+            wr_id: entry_id(entry),
+            opcode: entry_opcode(entry),
+            send: true,
+        };
+        if in_err {
+            // A send posted to a QP in ERR: flushed, as verbs completes such work, and the QP
+            // stays as it is.
+            complete_now(dev, a, cqs, c, &done, WcStatus::WrFlushErr);
+            continue;
+        }
+        // An entry the QP cannot take: its error completion, and the QP to ERR (its other
+        // work completes flushed).
+        c.refused += 1;
+        complete_now(dev, a, cqs, c, &done, refused);
+        to_err(dev, a.q.qpn);
+        return false;
+    }
+}
+
+/// [`take_sends`] of the receive ring, through [`Device::post_recv`] (receives in ERR are
+/// taken, and flushed, by the QP itself).
+fn take_recvs(
+    dev: &mut Device,
+    a: &mut AppQp,
+    scratch: &mut Scratch,
+    cqs: &mut [Option<AppCq>],
+    c: &mut AppCounters,
+) -> bool {
+    let slot = &mut scratch.slot;
     for _ in 0..ENTRIES_PER_POLL {
-        let len = match pop_entry::<SEND>(a, slot) {
+        let len = match pop_entry::<false>(a, slot) {
             Ok(Some(n)) => n,
             Ok(None) => return false,
             Err(_) => {
@@ -528,38 +586,22 @@ fn take<const SEND: bool>(
             }
         };
         let entry = &slot[..len];
-        let r = if SEND {
-            post_send_entry(dev, &a.q, entry, wr, ahs, now)
-        } else {
-            match RecvWqe::decode(entry) {
-                Ok(w) => dev
-                    .post_recv(a.q.qpn, recv_wr(&w))
-                    .map_err(|e| status_of(&e)),
-                Err(_) => Err(WcStatus::LocQpOpErr),
-            }
-        };
-        let done = || Done {
-            wr_id: entry_id(entry),
-            opcode: if SEND {
-                entry_opcode(entry)
-            } else {
-                WcOpcode::Recv
-            },
-            send: SEND,
+        let r = match RecvWqe::decode(entry) {
+            Ok(w) => dev
+                .post_recv(a.q.qpn, recv_wr(&w))
+                .map_err(|e| status_of(&e)),
+            Err(_) => Err(WcStatus::LocQpOpErr),
         };
         match r {
-            Ok(()) if SEND => c.sends += 1,
             Ok(()) => c.recvs += 1,
-            // A send posted to a QP in ERR: flushed, as verbs completes such work, and the QP
-            // stays as it is (receives in ERR are taken, and flushed, by the QP itself).
-            Err(_) if SEND && in_err(dev, a.q.qpn) => {
-                complete_now(dev, a, cqs, c, &done(), WcStatus::WrFlushErr);
-            }
-            // An entry the QP cannot take: its error completion, and the QP to ERR (its other
-            // work completes flushed).
             Err(status) => {
+                let done = Done {
+                    wr_id: entry_id(entry),
+                    opcode: WcOpcode::Recv,
+                    send: false,
+                };
                 c.refused += 1;
-                complete_now(dev, a, cqs, c, &done(), status);
+                complete_now(dev, a, cqs, c, &done, status);
                 to_err(dev, a.q.qpn);
                 return false;
             }
@@ -592,13 +634,13 @@ fn pop_entry<const SEND: bool>(
 }
 
 /// Decodes a send entry in place and posts it.
+#[inline(always)]
 fn post_send_entry(
-    dev: &mut Device,
+    sq: &mut SendQueue<'_>,
     q: &AppQueues,
     entry: &[u8],
     wr: &mut SendWr,
     ahs: &[Option<(u32, Path)>],
-    now: Instant,
 ) -> Result<(), WcStatus> {
     let qpn = q.qpn;
     let w = SendView::new_checked(entry).map_err(|_| WcStatus::LocQpOpErr)?;
@@ -627,8 +669,7 @@ fn post_send_entry(
         });
     }
     let inline = (w.flags() & send_flags::INLINE != 0).then(|| w.inline());
-    dev.post_send(qpn, wr, inline, now)
-        .map_err(|e| status_of(&e))
+    sq.post(wr, inline).map_err(|e| status_of(&e))
 }
 
 /// What an entry that completes at once (without reaching the QP) completes as.
@@ -683,10 +724,6 @@ fn entry_opcode(entry: &[u8]) -> WcOpcode {
     }
 }
 
-fn in_err(dev: &Device, qpn: u32) -> bool {
-    dev.index(qpn).and_then(|i| dev.state(i)) == Some(QpState::Err)
-}
-
 fn broken(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
     c.broken_rings += 1;
     a.broken = true;
@@ -732,7 +769,7 @@ fn complete(
         let mut corrupt = false;
         let n = dev
             .take_completions(a.q.qpn, send, |wc| {
-                match ring.ring.stage_array(&cqe(wc).encode()) {
+                match ring.ring.stage_fixed(|slot| cqe(wc).encode_into(slot)) {
                     Ok(true) => true,
                     Ok(false) => {
                         full = true;
@@ -824,14 +861,14 @@ fn send_wr(w: &SendView<'_>, wr: &mut SendWr) {
     wr.fence = flags & send_flags::FENCE != 0;
     wr.inline = flags & send_flags::INLINE != 0;
     wr.ud = None;
-    wr.sg.clear();
-    for s in w.sges() {
-        wr.sg.push(Sge {
+    wr.sg.set_from(w.sge_bytes(), |b| {
+        let s = abi::Sge::from_bytes(b);
+        Sge {
             addr: s.addr,
             length: s.length,
             lkey: s.lkey,
-        });
-    }
+        }
+    });
 }
 
 fn recv_wr(w: &RecvWqe) -> RecvWr {

@@ -88,6 +88,22 @@ impl SgList {
             .expect("an SG list holds at most MAX_SGE entries");
     }
 
+    /// Makes the list `f(0), f(1), ...` for each of `items` (the first [`MAX_SGE`] of them):
+    /// no capacity check an entry.
+    #[inline]
+    pub fn set_from<T>(&mut self, items: &[T], mut f: impl FnMut(&T) -> Sge) {
+        let items = &items[..items.len().min(MAX_SGE)];
+        if let [t] = items {
+            // The common list of one entry without a loop's setup.
+            self.entries[0] = f(t);
+        } else {
+            for (e, t) in self.entries.iter_mut().zip(items) {
+                *e = f(t);
+            }
+        }
+        self.len = items.len() as u8;
+    }
+
     /// Empties the list.
     pub fn clear(&mut self) {
         self.len = 0;

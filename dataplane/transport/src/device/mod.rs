@@ -25,7 +25,7 @@
 
 pub mod verbs;
 
-pub use verbs::{CqState, DcqcnSummary, DeviceCounters, QpQuery};
+pub use verbs::{CqState, DcqcnSummary, DeviceCounters, QpQuery, SendQueue};
 
 use crate::cc::{CcKind, DcqcnParams};
 use crate::cq::{CompletionQueue, LatencyHistograms};

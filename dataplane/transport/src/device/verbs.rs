@@ -314,6 +314,21 @@ impl Device {
         Ok(r?)
     }
 
+    /// QP `slot`'s send queue held for a run of posts (None: no QP there): looked up once, its
+    /// clock moved to `now` once, put on the ready list once, when the handle goes. What an
+    /// application's ring is drained through: a post through it costs no lookup.
+    pub fn send_queue(&mut self, slot: usize, now: Instant) -> Option<SendQueue<'_>> {
+        let s = self.slots.get_mut(slot)?.as_mut()?;
+        s.qp.observe(now);
+        Some(SendQueue {
+            s,
+            mrs: &self.mrs,
+            ready: &mut self.ready,
+            slot: slot as u32,
+            posted: false,
+        })
+    }
+
     /// [`Device::post_send`] of an inline request without its bytes: gathered now from its SG
     /// list. Apart, so that the 512 bytes it gathers into are no part of every post's frame.
     #[cold]
@@ -402,6 +417,52 @@ impl Device {
             qp,
             qp_states,
             dcqcn,
+        }
+    }
+}
+
+/// A QP's send queue, held for a run of posts ([`Device::send_queue`]).
+pub struct SendQueue<'a> {
+    s: &'a mut super::Slot,
+    mrs: &'a crate::mr::MrTable,
+    ready: &'a mut std::collections::VecDeque<u32>,
+    slot: u32,
+    posted: bool,
+}
+
+impl core::fmt::Debug for SendQueue<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("slot", &self.slot)
+            .field("posted", &self.posted)
+            .finish()
+    }
+}
+
+impl SendQueue<'_> {
+    /// [`Device::post_send`] to this QP.
+    #[inline]
+    pub fn post(&mut self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(), DeviceError> {
+        self.posted = true;
+        if inline.is_none() && wr.inline {
+            let gathered = crate::wr::inline_bytes(self.mrs, self.s.qp.pd, wr)?;
+            return Ok(self.s.qp.post_send(wr, wr.wr_id, gathered.as_deref())?);
+        }
+        Ok(self.s.qp.post_send(wr, wr.wr_id, inline)?)
+    }
+
+    /// The QP's state.
+    pub fn state(&self) -> QpState {
+        self.s.qp.cfg.state
+    }
+}
+
+impl Drop for SendQueue<'_> {
+    /// Ready, if anything was posted (refused posts too, as [`Device::post_send`] does).
+    fn drop(&mut self) {
+        if self.posted && !self.s.ready {
+            self.s.ready = true;
+            self.ready.push_back(self.slot);
         }
     }
 }
