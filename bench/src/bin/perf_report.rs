@@ -219,6 +219,33 @@ fn lib_perf(a: &Args, tool: &str, args: &[&str], port: u16) -> Result<Vec<f64>, 
         .ok_or_else(|| format!("{tool}: no result line in:\n{out}"))
 }
 
+/// `bash scripts/stream-cost.sh`'s two figures: instructions per 64 B WRITE of the built-in
+/// stream and of the same stream through an application's rings.
+fn stream_costs() -> Result<(u64, u64), String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash")
+        .arg("scripts/stream-cost.sh")
+        .current_dir(&root)
+        .output()
+        .map_err(|e| format!("bash scripts/stream-cost.sh: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("scripts/stream-cost.sh failed: {}", err.trim()));
+    }
+    // "stream_cost (built-in): N instructions per 64 B WRITE", then "stream_cost --app: N ..."
+    let figure = |tag: &str| {
+        text.lines()
+            .find(|l| l.starts_with(tag))
+            .and_then(|l| l.split(": ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+            .ok_or_else(|| format!("no '{tag}' figure in: {}", text.trim()))
+    };
+    Ok((
+        figure("stream_cost (built-in)")?,
+        figure("stream_cost --app")?,
+    ))
+}
+
 /// One library run: the tool, the message size, perftest's figures or why there are none.
 type AppRun<'a> = (&'a str, u64, Result<Vec<f64>, String>);
 
@@ -228,6 +255,7 @@ fn app_section(
     apps: &[AppRun<'_>],
     bw: &[(&str, u64, Run)],
     lat: &[(&str, u64, Run)],
+    counted: &Result<(u64, u64), String>,
 ) -> String {
     let (scpu, ccpu) = app_cpus(a);
     let mut md = String::new();
@@ -247,11 +275,30 @@ fn app_section(
          server tool runs on {}, the client on {} (`--app-cpus`). On a 2-CPU machine each \
          application shares its CPU with an lcore that busy-polls, so the library's figures \
          here are the scheduler's as much as ferroce's; rerun with `--app-cpus` on a larger \
-         machine. The instructions a message costs through the rings, counted instead of \
-         timed, are `bash scripts/stream-cost.sh`'s (`--app` against the built-in stream).\n",
+         machine.\n",
         shared(scpu, a.rx_cpu),
         shared(ccpu, a.tx_cpu)
     );
+    // What the CPU layout cannot blur: instructions, counted.
+    match counted {
+        Ok((builtin, app)) => {
+            let _ = writeln!(
+                md,
+                "Instructions per 64 B WRITE, both ends, counted by callgrind in this run \
+                 (`bash scripts/stream-cost.sh`: `stream_cost`, one build of the `cost` \
+                 profile): the built-in stream {builtin}, the same stream through an \
+                 application's rings with the application's post and poll {app}: {:+} \
+                 (the goal: at most +300).\n",
+                *app as i64 - *builtin as i64
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(
+                md,
+                "Instructions per message through the rings: not counted ({e}).\n"
+            );
+        }
+    }
     let _ = writeln!(
         md,
         "| test | through the library | rocectl perf | library / built-in |"
@@ -574,9 +621,13 @@ fn run(a: &Args) -> Result<(), String> {
     );
     drop(veth);
     let ve = ve?;
+    // 3b. Instructions a message through an application's rings, counted (callgrind), after
+    // every timed run so that it takes no CPU from them.
+    p.say("instructions per 64 B WRITE, built-in and through the rings (callgrind)");
+    let counted = stream_costs();
     // 4. The report.
     let md = report(
-        a, tp64, tp4k, costs, &bw, &atomic, &lat, &alat, &scale, &lo, &ve, &apps,
+        a, tp64, tp4k, costs, &bw, &atomic, &lat, &alat, &scale, &lo, &ve, &apps, &counted,
     )?;
     print!("{md}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -675,6 +726,7 @@ fn report(
     lo: &Kernel,
     ve: &Kernel,
     apps: &[AppRun<'_>],
+    counted: &Result<(u64, u64), String>,
 ) -> Result<String, String> {
     // The harder baseline of testpmd's two measurements (before and after ferroce's runs).
     let tp64 = tp64_runs[0].max(tp64_runs[1]);
@@ -950,7 +1002,7 @@ fn report(
         "\nferroce 64 KiB WRITE / kernel TCP on loopback: {wr64k_ratio_kernel:.2}; ferroce 64 B WRITE rate / kernel UDP 64 B datagram rate on loopback: {:.2}.\n",
         w64 / 1e6 / lo.udp_mpps
     );
-    md.push_str(&app_section(a, apps, bw, lat));
+    md.push_str(&app_section(a, apps, bw, lat, counted));
     // Plots.
     if let Some(path) = &a.report {
         let stem = path.with_extension("");
