@@ -33,6 +33,45 @@ use verbs::shm::SharedMem;
 /// The live sessions: a handle on each one's socket (to end it) and its thread.
 type Sessions = Arc<Mutex<Vec<(UnixStream, std::thread::JoinHandle<()>)>>>;
 
+/// Binds the attach socket at `path` (its directory made if need be), gives it to `group` (if
+/// given) and then permission bits `mode`: with 0660 and a group, that group's members attach;
+/// with the default 0600, root only. A socket file left by a roced that is gone is replaced;
+/// one a live roced answers on is not.
+pub fn listen(
+    path: &std::path::Path,
+    mode: u32,
+    group: Option<u32>,
+) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is another live roced's attach socket", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    let own = || -> std::io::Result<()> {
+        if let Some(g) = group {
+            std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("giving it to group {g}: {e}"))
+            })?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    };
+    if let Err(e) = own() {
+        // Not left listening with the wrong owner or bits.
+        drop(listener);
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// The running attach socket; [`AttachServer::stop`] ends it and its sessions.
 #[derive(Debug)]
 pub struct AttachServer {
@@ -43,27 +82,15 @@ pub struct AttachServer {
 }
 
 impl AttachServer {
-    /// Listens at `path` with permission bits `mode`. A socket file left by a roced that is
-    /// gone is replaced; one a live roced answers on is not.
+    /// Listens at `path` with permission bits `mode`, owned by `group` if given (see
+    /// [`listen`]).
     pub fn start(
         state: Arc<ApiState>,
         path: &std::path::Path,
         mode: u32,
+        group: Option<u32>,
     ) -> std::io::Result<AttachServer> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!("{} is another live roced's attach socket", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        let listener = listen(path, mode, group)?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let sessions: Sessions = Arc::default();
@@ -662,3 +689,56 @@ fn qp_attr(m: &ModifyMsg) -> Result<QpAttr, Reply> {
 
 // The header offset the layouts above assume.
 const _: () = assert!(HEADER.is_multiple_of(64));
+
+#[cfg(test)]
+mod tests {
+    use super::listen;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+
+    /// Connects to `path` as user nobody with primary group `gid` (no other groups): whether
+    /// the kernel let it.
+    fn connects_as_nobody(path: &std::path::Path, gid: u32) -> bool {
+        std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])",
+            ])
+            .arg(path)
+            .uid(65534)
+            .gid(gid)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("python3 runs")
+            .success()
+    }
+
+    #[test]
+    fn the_attach_socket_admits_its_group_and_no_one_else() {
+        let dir = std::env::temp_dir().join(format!("ferroce-attach-group-{}", std::process::id()));
+        let path = dir.join("a.sock");
+        // Group daemon (1), which nobody is not in, may attach; nobody's own group may not.
+        let l = listen(&path, 0o660, Some(1)).expect("listen");
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!((m.gid(), m.permissions().mode() & 0o777), (1, 0o660));
+        assert!(
+            connects_as_nobody(&path, 1),
+            "a member of the socket's group was refused"
+        );
+        assert!(
+            !connects_as_nobody(&path, 65534),
+            "a process outside the group attached"
+        );
+        drop(l);
+        // The default: root's group, 0600: nobody attaches, whatever its group.
+        let l = listen(&path, 0o600, None).expect("listen again over the stale socket");
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!((m.gid(), m.permissions().mode() & 0o777), (0, 0o600));
+        assert!(
+            !connects_as_nobody(&path, 1),
+            "0600 admitted a process not root"
+        );
+        drop(l);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -133,6 +133,9 @@ pub struct AttachSection {
     pub socket: String,
     /// Its permission bits (octal, as chmod takes them): 0600 by default, root only.
     pub mode: u32,
+    /// The group that owns it (a name or a number; empty: roced's own): with a mode such as
+    /// 0660, the members of that group may attach.
+    pub group: String,
 }
 
 impl Default for AttachSection {
@@ -140,7 +143,20 @@ impl Default for AttachSection {
         AttachSection {
             socket: String::new(),
             mode: 0o600,
+            group: String::new(),
         }
+    }
+}
+
+/// The number of group `g`: a number as it is, a name looked up (the system's group database).
+fn group_id(g: &str) -> Result<u32, String> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(grp)) => Ok(grp.gid.as_raw()),
+        Ok(None) => Err(format!("there is no group {g:?} on this machine")),
+        Err(e) => Err(format!("looking up group {g:?}: {e}")),
     }
 }
 
@@ -151,6 +167,8 @@ pub struct AttachPlan {
     pub path: std::path::PathBuf,
     /// Its permission bits.
     pub mode: u32,
+    /// The group it is given (None: roced's own).
+    pub group: Option<u32>,
 }
 
 /// `[api]`
@@ -603,6 +621,10 @@ impl Config {
                 ),
             ));
         }
+        let group = match self.attach.group.trim() {
+            "" => None,
+            g => Some(group_id(g).map_err(|m| field("attach.group", m))?),
+        };
         let attach = match self.attach.socket.as_str() {
             "off" => None,
             "" => Some(AttachPlan {
@@ -612,10 +634,12 @@ impl Config {
                 )
                 .into(),
                 mode: self.attach.mode,
+                group,
             }),
             s => Some(AttachPlan {
                 path: s.into(),
                 mode: self.attach.mode,
+                group,
             }),
         };
         Ok(Plan {
@@ -870,5 +894,27 @@ mod tests {
         assert!(e.contains("ports[0].device"), "{e}");
         let e = err(&cfg("").replace("net_null0", "net_null"));
         assert!(e.contains("instance number"), "{e}");
+        let e = err(&cfg("[attach]\ngroup = \"no-such-group-here\"\n"));
+        assert!(e.contains("attach.group") && e.contains("no group"), "{e}");
+        let e = err(&cfg("[attach]\nmode = 0o1777\n"));
+        assert!(e.contains("attach.mode"), "{e}");
+    }
+
+    #[test]
+    fn the_attach_socket_takes_a_group_by_name_or_number() {
+        let plan = |extra: &str| {
+            Config::parse(&cfg(extra), "t")
+                .unwrap()
+                .plan()
+                .unwrap()
+                .attach
+                .unwrap()
+        };
+        let p = plan("");
+        assert_eq!((p.mode, p.group), (0o600, None), "root only by default");
+        // Every Debian system has group root (0) and group daemon (1).
+        let p = plan("[attach]\nmode = 0o660\ngroup = \"daemon\"\n");
+        assert_eq!((p.mode, p.group), (0o660, Some(1)));
+        assert_eq!(plan("[attach]\ngroup = \"1\"\n").group, Some(1));
     }
 }

@@ -524,7 +524,7 @@ where
     // Applications attach beside the API, to the same node state.
     let mut attach_server = None;
     if let (Some(state), Some(plan)) = (&api, attach) {
-        match crate::attach::AttachServer::start(state.clone(), &plan.path, plan.mode) {
+        match crate::attach::AttachServer::start(state.clone(), &plan.path, plan.mode, plan.group) {
             Ok(s) => {
                 tracing::info!(socket = %plan.path.display(), "applications attach at {}", plan.path.display());
                 attach_server = Some(s);
