@@ -23,6 +23,7 @@ rules=(
     "rocectl-needs-only-wire|cli/src|dataplane::(?!wire\b)"
     "the-application-rings-stand-alone|verbs/src|\b(dataplane|dpdk_sys|transport|netsim|wire|controlplane)::"
     "the-compatibility-library-speaks-only-verbs|ibverbs/src|\b(dataplane|dpdk_sys|transport|netsim|wire|controlplane)::"
+    "the-c-library-speaks-only-verbs|capi/src|\b(dataplane|dpdk_sys|transport|netsim|wire|controlplane)::"
 )
 
 count() {
@@ -45,7 +46,7 @@ count() {
 # Crates that must not reach DPDK (or dataplane) at all, by their dependency trees (Cargo.lock,
 # no network), tests included; and the transport may use the simulator only in its tests and
 # behind its `testkit` feature (the harness's pump, for dataplane's simulator runs).
-crates_without_dpdk=(wire netsim transport cli verbs ferroce-ibverbs)
+crates_without_dpdk=(wire netsim transport cli verbs ferroce-ibverbs ferroce-c)
 
 if [ "${1:-}" = "--print" ]; then
     count

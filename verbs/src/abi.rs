@@ -68,7 +68,8 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
-    fn from_u8(v: u8) -> Option<WrOpcode> {
+    /// The opcode of an `IBV_WR_*` value, if ferroce offers it.
+    pub fn from_u8(v: u8) -> Option<WrOpcode> {
         use WrOpcode::*;
         Some(match v {
             0 => Write,
