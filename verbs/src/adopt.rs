@@ -18,10 +18,14 @@
 //!   (register memory before other threads use it, as verbs programs do).
 //! - After `fork()`, parent and child share the pages instead of copying them on write
 //!   (libibverbs' `ibv_fork_init` instead keeps them out of the child).
-//! - Memory that is not plain readable memory (unmapped, `PROT_NONE`, hugetlb pages, device
+//! - Hugetlb memory (`MAP_HUGETLB`, a private mapping of a hugetlbfs file) is adopted whole huge
+//!   pages at a time, onto ordinary pages: the bytes and addresses stay, the huge pages under
+//!   the region do not (the TLB's reach is the price; keeping them needs a hugetlb memfd and a
+//!   huge-page-aligned mapping in roced, not done).
+//! - Memory that is not plain readable memory (unmapped, `PROT_NONE`, shared or device
 //!   mappings) is refused with the reason.
 //!
-//! Which pages are shared is looked up in `/proc/self/maps` on every call, not remembered: the
+//! Which pages are shared is looked up in `/proc/self/smaps` on every call, not remembered: the
 //! program may have unmapped adopted pages and mapped something else there since.
 
 use crate::shm::{SharedMem, ShmError};
@@ -105,7 +109,7 @@ struct Backing {
 
 static ADOPTED: Mutex<Vec<Backing>> = Mutex::new(Vec::new());
 
-/// One line of /proc/self/maps.
+/// One mapping of /proc/self/smaps: its maps line, and the size of its pages.
 #[derive(Debug)]
 struct Map {
     start: usize,
@@ -114,15 +118,27 @@ struct Map {
     offset: usize,
     ino: u64,
     path: String,
+    /// Bytes of its pages as the kernel maps them (KernelPageSize: a huge page size for
+    /// hugetlb memory).
+    page: usize,
 }
 
 fn maps() -> Result<Vec<Map>, AdoptError> {
-    let text = std::fs::read_to_string("/proc/self/maps").map_err(|e| AdoptError::Os {
-        call: "read /proc/self/maps",
+    let text = std::fs::read_to_string("/proc/self/smaps").map_err(|e| AdoptError::Os {
+        call: "read /proc/self/smaps",
         source: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
     })?;
-    let mut v = Vec::new();
+    let mut v: Vec<Map> = Vec::new();
     for line in text.lines() {
+        if let Some(kb) = line.strip_prefix("KernelPageSize:") {
+            if let (Some(m), Some(Ok(n))) = (
+                v.last_mut(),
+                kb.split_ascii_whitespace().next().map(str::parse::<usize>),
+            ) {
+                m.page = n * 1024;
+            }
+            continue;
+        }
         let mut f = line.split_ascii_whitespace();
         let (Some(range), Some(perms), Some(off), Some(_dev), Some(ino)) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
@@ -152,6 +168,7 @@ fn maps() -> Result<Vec<Map>, AdoptError> {
             offset,
             ino,
             path,
+            page: page_size(),
         });
     }
     Ok(v)
@@ -192,6 +209,8 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             .any(|m| backing_of(core::slice::from_ref(b), m).is_some())
     });
     let mut pieces = Vec::new();
+    // Where the first piece starts (below `start` when it is whole huge pages).
+    let mut first = None;
     let mut at = start;
     while at < end {
         let m = maps
@@ -200,6 +219,7 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             .ok_or(AdoptError::NotMapped { addr: at })?;
         if let Some(b) = backing_of(&adopted, m) {
             let to = m.end.min(end);
+            first.get_or_insert(at);
             pieces.push(Piece {
                 fd: dup(&b.fd)?,
                 offset: (at - b.start) as u64,
@@ -208,13 +228,30 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             at = to;
             continue;
         }
-        // Pages not adopted yet: up to the next adopted ones (or the range's end).
+        // Hugetlb pages: the whole huge pages the range touches in this mapping, alone.
+        if m.page > page {
+            check_plain(m, at)?;
+            let from = (at & !(m.page - 1)).max(m.start);
+            let to = end.next_multiple_of(m.page).min(m.end);
+            let b = replace(from, to - from, m.perms[1] == b'w')?;
+            first.get_or_insert(from);
+            pieces.push(Piece {
+                fd: dup(&b.fd)?,
+                offset: 0,
+                len: to - from,
+            });
+            adopted.push(b);
+            at = to;
+            continue;
+        }
+        // Pages not adopted yet: up to the next adopted ones, or hugetlb ones (or the range's
+        // end).
         let mut to = at;
         for m in maps.iter().filter(|m| m.end > at && m.start < end) {
             if m.start > to {
                 return Err(AdoptError::NotMapped { addr: to });
             }
-            if backing_of(&adopted, m).is_some() {
+            if backing_of(&adopted, m).is_some() || m.page > page {
                 break;
             }
             check_plain(m, m.start.max(at))?;
@@ -228,6 +265,7 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             .filter(|m| m.end > at && m.start < to)
             .all(|m| m.perms[1] == b'w');
         let b = replace(at, to - at, writable)?;
+        first.get_or_insert(at);
         pieces.push(Piece {
             fd: dup(&b.fd)?,
             offset: 0,
@@ -238,7 +276,7 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
     }
     Ok(Adopted {
         pieces,
-        offset: addr - start,
+        offset: addr - first.unwrap_or(start),
         len,
     })
 }
@@ -384,6 +422,58 @@ mod tests {
         // SAFETY: inside `other`, which shares the first three pages with `view`.
         let seen = unsafe { *other.as_ptr().add(4096 + 5000) };
         assert_eq!(seen, buf[4096 + 5000]);
+    }
+
+    #[test]
+    fn hugetlb_memory_is_adopted_whole_huge_pages_at_a_time() {
+        const HUGE: usize = 2 << 20;
+        // SAFETY: a fresh private hugetlb mapping of ours (the pool is set up by
+        // scripts/setup.sh, as DPDK needs it).
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                core::ptr::null_mut(),
+                2 * HUGE,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::HUGETLB,
+            )
+        }
+        .expect("2 huge pages (scripts/setup.sh reserves the pool)") as *mut u8;
+        // SAFETY: the mapping's 2 * HUGE bytes, ours alone.
+        let buf = unsafe { core::slice::from_raw_parts_mut(p, 2 * HUGE) };
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i % 253) as u8;
+        }
+        // A range across the two huge pages, not aligned to anything: both are taken whole.
+        let (at, len) = (HUGE - 5000, 9000);
+        // SAFETY: our own mapping, no other thread.
+        let a = unsafe { adopt(p as usize + at, len) }.unwrap();
+        assert_eq!(a.offset, at, "{a:?}");
+        assert_eq!(a.pieces.iter().map(|x| x.len).sum::<usize>(), 2 * HUGE);
+        assert!(
+            buf.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8),
+            "bytes kept"
+        );
+        let view = roced_view(&a);
+        // SAFETY: inside both mappings.
+        unsafe {
+            assert_eq!(*view.as_ptr().add(at + 100), buf[at + 100]);
+            buf[at + 200] = 0xee;
+            assert_eq!(
+                *view.as_ptr().add(at + 200),
+                0xee,
+                "the process's write is seen"
+            );
+            *view.as_ptr().add(at + 8000) = 0xdd;
+        }
+        assert_eq!(buf[at + 8000], 0xdd, "roced's write is seen");
+        // The pages are adopted now: a region inside them takes them as they are.
+        // SAFETY: as above.
+        let b = unsafe { adopt(p as usize + 4096 + 3, 100) }.unwrap();
+        assert_eq!((b.offset, b.pieces.len()), (3, 1), "{b:?}");
+        assert_eq!(b.pieces[0].offset, 4096);
+        drop((view, a, b));
+        // SAFETY: our mapping, unmapped once; nothing points into it any more.
+        unsafe { rustix::mm::munmap(p.cast(), 2 * HUGE) }.unwrap();
     }
 
     #[test]
