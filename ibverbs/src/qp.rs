@@ -944,16 +944,57 @@ pub extern "C" fn ibv_create_ah(p: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv
     })
 }
 
-/// `ibv_create_ah_from_wc`.
+/// The sender's GID in the 40-byte GRH area a UD receive starts with, as RoCEv2 fills it
+/// (and rxe): an IPv4 datagram's header in its last 20 bytes (source at 32..36), an IPv6
+/// one's 40 bytes whole (source at 8..24).
+fn sender_gid(grh: &[u8; 40]) -> Option<String> {
+    if grh[20] >> 4 == 4 && grh[..20].iter().all(|&b| b == 0) {
+        let a = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
+        return Some(a.to_ipv6_mapped().to_string());
+    }
+    if grh[0] >> 4 == 6 {
+        let src: [u8; 16] = grh[8..24].try_into().expect("16 bytes");
+        return Some(Ipv6Addr::from(src).to_string());
+    }
+    None
+}
+
+/// `ibv_create_ah_from_wc`: an address handle back to the sender of the UD receive `wc`, whose
+/// buffer starts with the GRH area `grh` (`IBV_WC_GRH`).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_create_ah_from_wc(
-    _p: *mut ibv_pd,
-    _wc: *mut ibv_wc,
-    _grh: *mut ibv_grh,
-    _port: u8,
+    p: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port: u8,
 ) -> *mut ibv_ah {
     ptr_call("ibv_create_ah_from_wc", || {
-        Err(Fail::unsupported("an address handle from a completion"))
+        let (_, x) = pd(p)?;
+        // SAFETY: `p` was checked by `pd`.
+        let pdn = unsafe { (*p).handle };
+        // SAFETY: the caller's completion.
+        let wc = unsafe { wc.as_ref() }.ok_or_else(|| Fail::inval("no work completion"))?;
+        if wc.wc_flags & ibv_wc_flags::IBV_WC_GRH != 0 && !grh.is_null() {
+            if port != 1 {
+                return Err(Fail::inval(format!("port {port}: the device has port 1")));
+            }
+            // SAFETY: the caller's: the receive buffer's first 40 bytes, its GRH area.
+            let area = unsafe { &*grh.cast::<[u8; 40]>() };
+            let gid = sender_gid(area)
+                .ok_or_else(|| Fail::inval("the GRH area holds no IPv4 or IPv6 header"))?;
+            let n = x.with(|c| c.create_ah(pdn, &gid))?;
+            let b = Box::leak(Box::new(Ah {
+                ah: ibv_ah {
+                    context: x.ibv(),
+                    pd: p,
+                    handle: n,
+                },
+            }));
+            return Ok(&mut b.ah as *mut ibv_ah);
+        }
+        Err(Fail::inval(
+            "RoCE needs the sender's GRH: the completion has no IBV_WC_GRH, or grh is NULL",
+        ))
     })
 }
 
@@ -967,4 +1008,34 @@ pub extern "C" fn ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
         drop(unsafe { Box::from_raw(a as *mut Ah) });
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sender_gid;
+
+    #[test]
+    fn the_sender_gid_comes_from_the_grh_area_as_rocev2_fills_it() {
+        // IPv4: zeros, then the datagram's 20-byte header (source 10.77.0.2).
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 77, 0, 2]);
+        assert_eq!(sender_gid(&v4).as_deref(), Some("::ffff:10.77.0.2"));
+        // IPv6: the 40-byte header whole (source fd77::2).
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8] = 0xfd;
+        v6[9] = 0x77;
+        v6[23] = 2;
+        assert_eq!(sender_gid(&v6).as_deref(), Some("fd77::2"));
+        // Neither: refused, not guessed.
+        assert_eq!(sender_gid(&[0u8; 40]), None);
+        let mut junk = v4;
+        junk[3] = 1;
+        assert_eq!(
+            sender_gid(&junk),
+            None,
+            "an IPv4 header after bytes that are not zero"
+        );
+    }
 }
