@@ -18,6 +18,7 @@ use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkComple
 use dataplane::transport::device::{CqState, DeviceError, QpQuery};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
 use dataplane::transport::perftest::{LatKind, LatResult, Reply, StreamResult};
+use dataplane::transport::qp::ModifyError;
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
@@ -139,6 +140,11 @@ impl From<DeviceError> for RdmaError {
             DeviceError::NoCqNumbers => RdmaError::conflict("too_many", msg),
             DeviceError::Mr(m) => mr_error(m),
             DeviceError::Caps(_) => RdmaError::bad("bad_caps", msg),
+            // An attribute out of range, missing or not for this transition is the request's
+            // fault (400); a transition the QP's state does not allow is the state's (409).
+            DeviceError::Modify(
+                ModifyError::Invalid(_) | ModifyError::Missing(_) | ModifyError::NotAllowed(_),
+            ) => RdmaError::bad("bad_attr", msg),
             DeviceError::Modify(_) => RdmaError::conflict("bad_state", msg),
             DeviceError::Post(_) => RdmaError::conflict("post_refused", msg),
             DeviceError::Member { qpn, source } => {
@@ -538,7 +544,7 @@ pub fn wc_opcode_name(o: WcOpcode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::transport::qp::ModifyError;
+    use dataplane::transport::qp::QpState;
     use dataplane::transport::rc::PostError;
 
     #[test]
@@ -565,7 +571,20 @@ mod tests {
             qpn: 0x12,
             source: Box::new(DeviceError::Modify(ModifyError::Missing("path"))),
         });
-        assert_eq!((m.kind, m.code), (Refusal::Conflict, "bad_state"));
+        assert_eq!((m.kind, m.code), (Refusal::Invalid, "bad_attr"));
         assert_eq!(m.message, "QP 18: the transition needs path");
+        // An attribute out of range is the request's fault; a transition the state does not
+        // allow is the state's.
+        assert_eq!(
+            r(DeviceError::Modify(ModifyError::Invalid("max_rd_atomic"))),
+            (Refusal::Invalid, "bad_attr")
+        );
+        assert_eq!(
+            r(DeviceError::Modify(ModifyError::BadTransition {
+                from: QpState::Reset,
+                to: QpState::Rts
+            })),
+            (Refusal::Conflict, "bad_state")
+        );
     }
 }
