@@ -83,6 +83,18 @@ unsafe fn get_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, (c_int, Str
     unsafe { p.as_mut() }.ok_or_else(|| invalid(&format!("{what} is NULL")))
 }
 
+/// The box behind a handle the program gives back, or EINVAL naming it.
+///
+/// # Safety
+/// `p` is NULL or a handle of ours, given back once and not used after.
+unsafe fn take<T>(p: *mut T, what: &str) -> Result<Box<T>, (c_int, String)> {
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's: ours, given back once.
+    Ok(unsafe { Box::from_raw(p) })
+}
+
 /// An attachment.
 #[derive(Debug)]
 pub struct FerroceCtx {
@@ -315,12 +327,9 @@ pub unsafe extern "C" fn ferroce_dereg_mr(ctx: *mut FerroceCtx, lkey: u32) -> c_
     })
 }
 
-/// A completion queue, and its entries' scratch.
+/// A completion queue.
 #[derive(Debug)]
-pub struct FerroceCq {
-    cq: Cq,
-    got: Vec<abi::Cqe>,
-}
+pub struct FerroceCq(Cq);
 
 /// `ibv_create_cq` of `cqe` entries.
 ///
@@ -331,9 +340,7 @@ pub unsafe extern "C" fn ferroce_create_cq(ctx: *mut FerroceCtx, cqe: u32) -> *m
     make(|| {
         // SAFETY: the caller's.
         let c = unsafe { get(ctx, "ctx") }?;
-        let cq = c.ctx.create_cq(cqe).map_err(client)?;
-        let got = Vec::with_capacity(cq.capacity() as usize);
-        Ok(FerroceCq { cq, got })
+        c.ctx.create_cq(cqe).map(FerroceCq).map_err(client)
     })
 }
 
@@ -346,13 +353,8 @@ pub unsafe extern "C" fn ferroce_create_cq(ctx: *mut FerroceCtx, cqe: u32) -> *m
 pub unsafe extern "C" fn ferroce_destroy_cq(ctx: *mut FerroceCtx, cq: *mut FerroceCq) -> c_int {
     guard(|| {
         // SAFETY: the caller's.
-        let c = unsafe { get(ctx, "ctx") }?;
-        if cq.is_null() {
-            return Err(invalid("cq is NULL"));
-        }
-        // SAFETY: the caller's: ours, given back once.
-        let cq = unsafe { Box::from_raw(cq) };
-        c.ctx.destroy_cq(cq.cq).map_err(client)
+        let (c, cq) = unsafe { (get(ctx, "ctx")?, take(cq, "cq")?) };
+        c.ctx.destroy_cq(cq.0).map_err(client)
     })
 }
 
@@ -374,13 +376,13 @@ pub unsafe extern "C" fn ferroce_poll_cq(
         if max > 0 && wc.is_null() {
             return Err(invalid("wc is NULL"));
         }
-        c.got.clear();
-        c.cq.poll(max.min(c.got.capacity().max(1)), &mut c.got)
-            .map_err(client)?;
-        for (i, e) in c.got.iter().enumerate() {
-            // SAFETY: i < max, which `wc` holds (the caller's).
+        while (n as usize) < max {
+            let Some(e) = c.0.poll_one().map_err(client)? else {
+                break;
+            };
+            // SAFETY: n < max, which `wc` holds (the caller's).
             unsafe {
-                wc.add(i).write(FerroceWc {
+                wc.add(n as usize).write(FerroceWc {
                     wr_id: e.wr_id,
                     status: e.status.into(),
                     opcode: e.opcode.into(),
@@ -391,8 +393,8 @@ pub unsafe extern "C" fn ferroce_poll_cq(
                     wc_flags: e.flags.into(),
                 })
             };
+            n += 1;
         }
-        n = c.got.len() as c_int;
         Ok(())
     });
     if r < 0 { r } else { n }
@@ -550,7 +552,7 @@ pub unsafe extern "C" fn ferroce_create_qp(
             },
         };
         c.ctx
-            .create_qp(pd, &s.cq, &r.cq, caps)
+            .create_qp(pd, &s.0, &r.0, caps)
             .map(FerroceQp)
             .map_err(client)
     })
@@ -665,12 +667,7 @@ pub unsafe extern "C" fn ferroce_modify_qp(
 pub unsafe extern "C" fn ferroce_destroy_qp(ctx: *mut FerroceCtx, qp: *mut FerroceQp) -> c_int {
     guard(|| {
         // SAFETY: the caller's.
-        let c = unsafe { get(ctx, "ctx") }?;
-        if qp.is_null() {
-            return Err(invalid("qp is NULL"));
-        }
-        // SAFETY: the caller's: ours, given back once.
-        let q = unsafe { Box::from_raw(qp) };
+        let (c, q) = unsafe { (get(ctx, "ctx")?, take(qp, "qp")?) };
         c.ctx.destroy_qp(q.0).map_err(client)
     })
 }

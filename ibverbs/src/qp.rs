@@ -914,9 +914,7 @@ fn ah<'a>(a: *mut ibv_ah) -> Res<&'a Ah> {
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_create_ah(p: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv_ah {
     ptr_call("ibv_create_ah", || {
-        let (_, x) = pd(p)?;
-        // SAFETY: `p` was checked by `pd`.
-        let pdn = unsafe { (*p).handle };
+        pd(p)?;
         // SAFETY: the caller's attributes.
         let a = unsafe { a.as_ref() }.ok_or_else(|| Fail::inval("no attributes"))?;
         if a.is_global == 0 {
@@ -932,16 +930,24 @@ pub extern "C" fn ibv_create_ah(p: *mut ibv_pd, a: *mut ibv_ah_attr) -> *mut ibv
         }
         // SAFETY: 16 bytes either way.
         let gid = Ipv6Addr::from(unsafe { a.grh.dgid.raw }).to_string();
-        let n = x.with(|c| c.create_ah(pdn, &gid))?;
-        let b = Box::leak(Box::new(Ah {
-            ah: ibv_ah {
-                context: x.ibv(),
-                pd: p,
-                handle: n,
-            },
-        }));
-        Ok(&mut b.ah as *mut ibv_ah)
+        new_ah(p, &gid)
     })
+}
+
+/// An address handle in PD `p` toward `gid`, made by roced and handed out.
+fn new_ah(p: *mut ibv_pd, gid: &str) -> Res<*mut ibv_ah> {
+    let (_, x) = pd(p)?;
+    // SAFETY: `p` was checked by `pd`.
+    let pdn = unsafe { (*p).handle };
+    let n = x.with(|c| c.create_ah(pdn, gid))?;
+    let b = Box::leak(Box::new(Ah {
+        ah: ibv_ah {
+            context: x.ibv(),
+            pd: p,
+            handle: n,
+        },
+    }));
+    Ok(&mut b.ah as *mut ibv_ah)
 }
 
 /// The sender's GID in the 40-byte GRH area a UD receive starts with, as RoCEv2 fills it
@@ -969,32 +975,22 @@ pub extern "C" fn ibv_create_ah_from_wc(
     port: u8,
 ) -> *mut ibv_ah {
     ptr_call("ibv_create_ah_from_wc", || {
-        let (_, x) = pd(p)?;
-        // SAFETY: `p` was checked by `pd`.
-        let pdn = unsafe { (*p).handle };
+        pd(p)?;
         // SAFETY: the caller's completion.
         let wc = unsafe { wc.as_ref() }.ok_or_else(|| Fail::inval("no work completion"))?;
-        if wc.wc_flags & ibv_wc_flags::IBV_WC_GRH != 0 && !grh.is_null() {
-            if port != 1 {
-                return Err(Fail::inval(format!("port {port}: the device has port 1")));
-            }
-            // SAFETY: the caller's: the receive buffer's first 40 bytes, its GRH area.
-            let area = unsafe { &*grh.cast::<[u8; 40]>() };
-            let gid = sender_gid(area)
-                .ok_or_else(|| Fail::inval("the GRH area holds no IPv4 or IPv6 header"))?;
-            let n = x.with(|c| c.create_ah(pdn, &gid))?;
-            let b = Box::leak(Box::new(Ah {
-                ah: ibv_ah {
-                    context: x.ibv(),
-                    pd: p,
-                    handle: n,
-                },
-            }));
-            return Ok(&mut b.ah as *mut ibv_ah);
+        if wc.wc_flags & ibv_wc_flags::IBV_WC_GRH == 0 || grh.is_null() {
+            return Err(Fail::inval(
+                "RoCE needs the sender's GRH: the completion has no IBV_WC_GRH, or grh is NULL",
+            ));
         }
-        Err(Fail::inval(
-            "RoCE needs the sender's GRH: the completion has no IBV_WC_GRH, or grh is NULL",
-        ))
+        if port != 1 {
+            return Err(Fail::inval(format!("port {port}: the device has port 1")));
+        }
+        // SAFETY: the caller's: the receive buffer's first 40 bytes, its GRH area.
+        let area = unsafe { &*grh.cast::<[u8; 40]>() };
+        let gid = sender_gid(area)
+            .ok_or_else(|| Fail::inval("the GRH area holds no IPv4 or IPv6 header"))?;
+        new_ah(p, &gid)
     })
 }
 

@@ -228,48 +228,41 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             at = to;
             continue;
         }
-        // Hugetlb pages: the whole huge pages the range touches in this mapping, alone.
-        if m.page > page {
+        // Pages not adopted yet, replaced now: the whole huge pages the range touches in a
+        // hugetlb mapping, alone; other pages up to the next adopted or hugetlb ones (or the
+        // range's end).
+        let (from, to, writable) = if m.page > page {
             check_plain(m, at)?;
             let from = (at & !(m.page - 1)).max(m.start);
             let to = end.next_multiple_of(m.page).min(m.end);
-            let b = replace(from, to - from, m.perms[1] == b'w')?;
-            first.get_or_insert(from);
-            pieces.push(Piece {
-                fd: dup(&b.fd)?,
-                offset: 0,
-                len: to - from,
-            });
-            adopted.push(b);
-            at = to;
-            continue;
-        }
-        // Pages not adopted yet: up to the next adopted ones, or hugetlb ones (or the range's
-        // end).
-        let mut to = at;
-        for m in maps.iter().filter(|m| m.end > at && m.start < end) {
-            if m.start > to {
+            (from, to, m.perms[1] == b'w')
+        } else {
+            let mut to = at;
+            for m in maps.iter().filter(|m| m.end > at && m.start < end) {
+                if m.start > to {
+                    return Err(AdoptError::NotMapped { addr: to });
+                }
+                if backing_of(&adopted, m).is_some() || m.page > page {
+                    break;
+                }
+                check_plain(m, m.start.max(at))?;
+                to = m.end.min(end);
+            }
+            if to < end && !maps.iter().any(|m| m.start <= to && to < m.end) {
                 return Err(AdoptError::NotMapped { addr: to });
             }
-            if backing_of(&adopted, m).is_some() || m.page > page {
-                break;
-            }
-            check_plain(m, m.start.max(at))?;
-            to = m.end.min(end);
-        }
-        if to < end && !maps.iter().any(|m| m.start <= to && to < m.end) {
-            return Err(AdoptError::NotMapped { addr: to });
-        }
-        let writable = maps
-            .iter()
-            .filter(|m| m.end > at && m.start < to)
-            .all(|m| m.perms[1] == b'w');
-        let b = replace(at, to - at, writable)?;
-        first.get_or_insert(at);
+            let writable = maps
+                .iter()
+                .filter(|m| m.end > at && m.start < to)
+                .all(|m| m.perms[1] == b'w');
+            (at, to, writable)
+        };
+        let b = replace(from, to - from, writable)?;
+        first.get_or_insert(from);
         pieces.push(Piece {
             fd: dup(&b.fd)?,
             offset: 0,
-            len: to - at,
+            len: to - from,
         });
         adopted.push(b);
         at = to;
