@@ -430,15 +430,7 @@ impl<'a> SendView<'a> {
 
     /// Its scatter/gather entries (none when inline).
     pub fn sges(&self) -> impl Iterator<Item = Sge> + 'a {
-        let n = if self.h[9] & send_flags::INLINE != 0 {
-            0
-        } else {
-            self.h[10] as usize
-        };
-        self.rest
-            .chunks_exact(SGE_BYTES)
-            .take(n)
-            .map(|c| sge_at(c, 0))
+        self.sge_bytes().iter().map(Sge::from_bytes)
     }
     /// Its inline payload (empty unless [`send_flags::INLINE`]).
     pub fn inline(&self) -> &'a [u8] {

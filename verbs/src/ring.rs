@@ -237,10 +237,7 @@ impl Producer {
     /// [`Producer::publish`]): a batch of entries costs one store of the index.
     #[inline]
     pub fn stage_array<const N: usize>(&mut self, entry: &[u8; N]) -> Result<bool, RingError> {
-        // SAFETY: as in `push`, a slot of at least N bytes.
-        self.produce::<false>(N, |dst| unsafe {
-            dst.cast::<[u8; N]>().write_unaligned(*entry)
-        })
+        self.stage_fixed(|slot| *slot = *entry)
     }
 
     /// [`Producer::stage_array`] of an entry `fill` writes where it goes (its first `N`

@@ -304,14 +304,9 @@ impl Device {
         now: Instant,
     ) -> Result<(), DeviceError> {
         let i = self.index(qpn).ok_or(DeviceError::NoQp(qpn))?;
-        if inline.is_none() && wr.inline {
-            return self.post_gathered(i, wr, now);
-        }
-        let s = self.slots[i].as_mut().expect("looked up above");
-        s.qp.observe(now);
-        let r = s.qp.post_send(wr, wr.wr_id, inline);
-        self.mark_ready(i);
-        Ok(r?)
+        self.send_queue(i, now)
+            .expect("looked up above")
+            .post(wr, inline)
     }
 
     /// QP `slot`'s send queue held for a run of posts (None: no QP there): looked up once, its
@@ -327,19 +322,6 @@ impl Device {
             slot: slot as u32,
             posted: false,
         })
-    }
-
-    /// [`Device::post_send`] of an inline request without its bytes: gathered now from its SG
-    /// list. Apart, so that the 512 bytes it gathers into are no part of every post's frame.
-    #[cold]
-    #[inline(never)]
-    fn post_gathered(&mut self, i: usize, wr: &SendWr, now: Instant) -> Result<(), DeviceError> {
-        let s = self.slots[i].as_mut().expect("looked up by the caller");
-        let gathered = crate::wr::inline_bytes(&self.mrs, s.qp.pd, wr)?;
-        s.qp.observe(now);
-        let r = s.qp.post_send(wr, wr.wr_id, gathered.as_deref());
-        self.mark_ready(i);
-        Ok(r?)
     }
 
     /// Posts a receive work request.
@@ -440,15 +422,24 @@ impl core::fmt::Debug for SendQueue<'_> {
 }
 
 impl SendQueue<'_> {
-    /// [`Device::post_send`] to this QP.
+    /// Posts a send work request to this QP ([`Device::post_send`]).
     #[inline]
     pub fn post(&mut self, wr: &SendWr, inline: Option<&[u8]>) -> Result<(), DeviceError> {
-        self.posted = true;
         if inline.is_none() && wr.inline {
-            let gathered = crate::wr::inline_bytes(self.mrs, self.s.qp.pd, wr)?;
-            return Ok(self.s.qp.post_send(wr, wr.wr_id, gathered.as_deref())?);
+            return self.post_gathered(wr);
         }
+        self.posted = true;
         Ok(self.s.qp.post_send(wr, wr.wr_id, inline)?)
+    }
+
+    /// [`SendQueue::post`] of an inline request without its bytes: gathered now from its SG
+    /// list. Apart, so that the 512 bytes it gathers into are no part of every post's frame.
+    #[cold]
+    #[inline(never)]
+    fn post_gathered(&mut self, wr: &SendWr) -> Result<(), DeviceError> {
+        let gathered = crate::wr::inline_bytes(self.mrs, self.s.qp.pd, wr)?;
+        self.posted = true;
+        Ok(self.s.qp.post_send(wr, wr.wr_id, gathered.as_deref())?)
     }
 
     /// The QP's state.
