@@ -48,6 +48,14 @@ const FUNCTIONS: &[&str] = &[
     "rte_free",
     "rte_malloc_virt2iova",
     "rte_mem_virt2iova",
+    // external memory (an application's registered pages, carried by attached mbufs)
+    "rte_eal_iova_mode",
+    "rte_extmem_register",
+    "rte_extmem_unregister",
+    "rte_dev_dma_map",
+    "rte_dev_dma_unmap",
+    "rte_dev_bus",
+    "rte_bus_name",
     // ethdev
     "rte_eth_dev_count_avail",
     "rte_eth_dev_get_port_by_name",
@@ -122,6 +130,8 @@ const VARS: &[&str] = &[
     "RTE_ETH_XSTATS_NAME_SIZE",
     "RTE_ETHDEV_QUEUE_STAT_CNTRS",
     "RTE_ETH_RETA_GROUP_SIZE",
+    "RTE_IOVA_.*",
+    "RTE_BAD_IOVA",
 ];
 
 fn main() {

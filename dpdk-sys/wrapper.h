@@ -10,4 +10,7 @@
 #include <rte_ethdev.h>
 #include <rte_ring.h>
 #include <rte_malloc.h>
+#include <rte_memory.h>
+#include <rte_dev.h>
+#include <rte_bus.h>
 #include "shim.h"

@@ -452,7 +452,7 @@ pub fn document() -> Value {
                 "xstats": {"type": "object"}}},
             "Mr": {"type": "object", "required": ["lkey", "rkey", "addr", "length"], "properties": {
                 "lkey": u32s, "rkey": u32s, "addr": u64s, "length": {"type": "integer"},
-                "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"},
+                "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"}, "zero_copy": {"type": "boolean"},
                 "pdn": u32s}},
             "Pd": {"type": "object", "required": ["pdn", "mrs", "qps"], "properties": {
                 "pdn": u32s, "mrs": {"type": "integer"}, "qps": {"type": "integer"}}},

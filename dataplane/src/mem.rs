@@ -30,12 +30,13 @@ pub const ALIGN: usize = 64;
 pub(crate) enum Origin {
     /// `std::alloc` with this layout.
     Heap(Layout),
-    /// DPDK's `rte_zmalloc`, with what mbufs need to carry its bytes as external buffers.
+    /// Memory mbufs can carry as external buffers: DPDK's `rte_zmalloc`, or an application's
+    /// memory registered with DPDK ([`ExtInfo::owner`] says which and how it is freed).
     Dpdk(NonNull<ExtInfo>),
     /// Nothing (an empty block).
     None,
     /// Memory an application shares with roced (a mapping of the sealed memfd it sent), kept
-    /// mapped while the block lives.
+    /// mapped while the block lives, that DPDK does not know (copied into frames).
     App(#[allow(dead_code)] Arc<verbs::shm::SharedMem>),
 }
 
@@ -55,6 +56,30 @@ pub(crate) struct ExtInfo {
     /// virtual one with IOVA as VA but, with physical addresses, jumps wherever the hugepages
     /// behind the block do not lie in order: segments that would straddle such a jump copy.
     pub(crate) chunk_iova: Box<[u64]>,
+    /// Whose memory it is, freed when this goes.
+    pub(crate) owner: ExtOwner,
+}
+
+/// Who owns the memory behind an [`ExtInfo`].
+pub(crate) enum ExtOwner {
+    /// DPDK's heap: `rte_free` of `base`.
+    Rte,
+    /// An application's mapping, registered with DPDK: unregistered, then unmapped (the
+    /// fields drop in this order).
+    App(
+        crate::dpdk::extmem::Registered,
+        #[allow(dead_code)] Arc<verbs::shm::SharedMem>,
+    ),
+}
+
+impl Drop for ExtInfo {
+    fn drop(&mut self) {
+        if let ExtOwner::Rte = self.owner {
+            // SAFETY: `base` is the rte_zmalloc'd block this describes, freed once (the info
+            // is dropped once, by the block or by the last attached mbuf's callback).
+            unsafe { dpdk_sys::rte_free(self.base.cast()) };
+        }
+    }
 }
 
 /// The chunk size of [`ExtInfo::chunk_iova`]: hugepages are 2 MiB or 1 GiB, so IO addresses can
@@ -99,11 +124,10 @@ pub(crate) const MAX_ATTACHED: u16 = 60000;
 /// DPDK's callback when the last attached mbuf of a block whose handles are gone is freed.
 unsafe extern "C" fn ext_free(_addr: *mut core::ffi::c_void, opaque: *mut core::ffi::c_void) {
     // SAFETY: `opaque` is the ExtInfo box of a block whose handles are all gone (Block::drop
-    // left it to us); nothing references it or its memory any more.
-    unsafe {
-        let info = Box::from_raw(opaque.cast::<ExtInfo>());
-        dpdk_sys::rte_free(info.base.cast());
-    }
+    // left it to us); nothing references it or its memory any more. Dropping it frees the
+    // memory (an application's: unregistered and unmapped, here on the lcore that freed the
+    // frame, which happens only when a region goes while a frame of it waits to be sent).
+    drop(unsafe { Box::from_raw(opaque.cast::<ExtInfo>()) });
 }
 
 pub(crate) struct Block {
@@ -126,13 +150,12 @@ impl Drop for Block {
             Origin::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
             Origin::Dpdk(info) => {
                 // SAFETY: `info` is our live box. Dropping the block's own reference: if no
-                // mbuf is attached the memory is ours to free now (rte_zmalloc'd, freed once),
-                // otherwise the last attached mbuf's free callback frees both.
+                // mbuf is attached the memory is ours to free now (dropping the info frees it,
+                // once), otherwise the last attached mbuf's free callback does.
                 unsafe {
                     let sh = &raw mut (*info.as_ptr()).shinfo;
                     if dpdk_sys::rte_mbuf_ext_refcnt_update(sh, -(BLOCK_REFS as i16)) == 0 {
                         drop(Box::from_raw(info.as_ptr()));
-                        dpdk_sys::rte_free(self.ptr.as_ptr().cast());
                     }
                 }
             }
@@ -151,7 +174,8 @@ impl core::fmt::Debug for SharedMem {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SharedMem")
             .field("len", &self.block.len)
-            .field("hugepage", &matches!(self.block.origin, Origin::Dpdk(_)))
+            .field("hugepage", &self.is_hugepage())
+            .field("attachable", &self.is_attachable())
             .finish()
     }
 }
@@ -184,6 +208,11 @@ impl SharedMem {
     /// registered, mapped from the sealed memfd it sent): every lcore reads and writes it in
     /// place, as an RNIC does the host's memory, and the mapping stays while a handle does.
     /// None if the range is outside the mapping.
+    ///
+    /// Where this process has DPDK ports whose devices can read it (see
+    /// [`crate::dpdk::extmem`]), the mapping is registered with DPDK so that frames carry its
+    /// bytes attached, as they do those of hugepage regions; otherwise (or if registration
+    /// fails: DPDK has room for some hundred such areas) they are copied into frames.
     pub fn application(m: Arc<verbs::shm::SharedMem>, off: usize, len: usize) -> Option<Self> {
         if off.checked_add(len)? > m.len() {
             return None;
@@ -194,13 +223,53 @@ impl SharedMem {
         // SAFETY: `off + len <= m.len()` (checked), so the range is inside the mapping, which
         // the block keeps alive through its Arc.
         let ptr = NonNull::new(unsafe { m.as_ptr().add(off) })?;
-        Some(SharedMem {
+        // Only memory that frames could carry attached is worth a registration.
+        let whole = m.len().next_multiple_of(verbs::shm::page_size());
+        let reg = if len >= crate::transport::rc::ATTACH_MIN {
+            crate::dpdk::extmem::register(m.as_ptr(), whole)
+                .inspect_err(|e| {
+                    if *e != crate::dpdk::extmem::NotRegistered::NoPorts {
+                        tracing::debug!(bytes = len, "application memory copied into frames: {e}");
+                    }
+                })
+                .ok()
+        } else {
+            None
+        };
+        let Some(reg) = reg else {
+            return Some(SharedMem {
+                block: Arc::new(Block {
+                    ptr,
+                    len,
+                    origin: Origin::App(m),
+                }),
+            });
+        };
+        let info = Box::new(ExtInfo {
+            shinfo: dpdk_sys::rte_mbuf_ext_shared_info {
+                free_cb: Some(ext_free),
+                fcb_opaque: core::ptr::null_mut(),
+                refcnt: BLOCK_REFS,
+            },
+            base: ptr.as_ptr(),
+            chunk_iova: Box::new([]),
+            owner: ExtOwner::App(reg, m),
+        });
+        Some(Self::ext_block(ptr, len, info))
+    }
+
+    /// A block of memory mbufs can carry, described by `info`.
+    fn ext_block(ptr: NonNull<u8>, len: usize, info: Box<ExtInfo>) -> Self {
+        let info = NonNull::from(Box::leak(info));
+        // SAFETY: our fresh box; the callback gets it back.
+        unsafe { (*info.as_ptr()).shinfo.fcb_opaque = info.as_ptr().cast() };
+        SharedMem {
             block: Arc::new(Block {
                 ptr,
                 len,
-                origin: Origin::App(m),
+                origin: Origin::Dpdk(info),
             }),
-        })
+        }
     }
 
     fn empty() -> Self {
@@ -229,22 +298,14 @@ impl SharedMem {
             },
             base: ptr.as_ptr(),
             chunk_iova,
+            owner: ExtOwner::Rte,
         });
-        let info = NonNull::from(Box::leak(info));
-        // SAFETY: our fresh box; the callback gets it back.
-        unsafe { (*info.as_ptr()).shinfo.fcb_opaque = info.as_ptr().cast() };
-        SharedMem {
-            block: Arc::new(Block {
-                ptr,
-                len,
-                origin: Origin::Dpdk(info),
-            }),
-        }
+        Self::ext_block(ptr, len, info)
     }
 
     /// For attaching `len` bytes at `off` to an mbuf as an external buffer: their address, IO
-    /// address and the block's shared info. `None` for heap memory, memory without an IO
-    /// address, or a range outside the block.
+    /// address and the block's shared info. `None` for heap memory, hugepage memory without
+    /// an IO address, application memory DPDK does not know, or a range outside the block.
     pub(crate) fn ext_range(
         &self,
         off: usize,
@@ -260,7 +321,16 @@ impl SharedMem {
         let i = unsafe { info.as_ref() };
         // SAFETY: an atomic read of the live shared info.
         let attached = unsafe { dpdk_sys::rte_mbuf_ext_refcnt_read(&i.shinfo) };
-        if i.chunk_iova.is_empty() || attached > MAX_ATTACHED || len == 0 {
+        if attached > MAX_ATTACHED || len == 0 {
+            return None;
+        }
+        let sh = NonNull::new(&raw const i.shinfo as *mut dpdk_sys::rte_mbuf_ext_shared_info)?;
+        if let ExtOwner::App(reg, _) = &i.owner {
+            // SAFETY: in bounds (checked).
+            let p = unsafe { self.block.ptr.as_ptr().add(off) };
+            return Some((p, reg.iova(p), sh));
+        }
+        if i.chunk_iova.is_empty() {
             return None;
         }
         let first = self.block.ptr.as_ptr() as usize & !(IOVA_CHUNK - 1);
@@ -272,7 +342,6 @@ impl SharedMem {
         }
         // SAFETY: in bounds (checked).
         let p = unsafe { self.block.ptr.as_ptr().add(off) };
-        let sh = NonNull::new(&raw const i.shinfo as *mut dpdk_sys::rte_mbuf_ext_shared_info)?;
         Some((p, t[k0] + (a % IOVA_CHUNK) as u64, sh))
     }
 
@@ -320,7 +389,24 @@ impl SharedMem {
 
     /// True if the memory is DPDK hugepage memory.
     pub fn is_hugepage(&self) -> bool {
-        matches!(self.block.origin, Origin::Dpdk(_))
+        match self.block.origin {
+            // SAFETY: the block's live info.
+            Origin::Dpdk(info) => matches!(unsafe { &info.as_ref().owner }, ExtOwner::Rte),
+            _ => false,
+        }
+    }
+
+    /// True if frames can carry the memory's bytes attached rather than copied (DPDK memory
+    /// with an IO address, or an application's memory registered with DPDK).
+    pub fn is_attachable(&self) -> bool {
+        match self.block.origin {
+            Origin::Dpdk(info) => {
+                // SAFETY: the block's live info.
+                let i = unsafe { info.as_ref() };
+                matches!(i.owner, ExtOwner::App(..)) || !i.chunk_iova.is_empty()
+            }
+            _ => false,
+        }
     }
 
     /// Handles to this memory (including this one).

@@ -46,6 +46,11 @@ fn os(call: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
     move |source| ShmError::Os { call, source }
 }
 
+/// The system's page size: mappings are whole pages of it.
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
 /// A mapping of a sealed memfd, unmapped on drop.
 #[derive(Debug)]
 pub struct SharedMem {

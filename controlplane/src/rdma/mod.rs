@@ -173,6 +173,10 @@ pub struct MrInfo {
     pub access: Vec<&'static str>,
     /// Backed by DPDK hugepages.
     pub hugepage: bool,
+    /// Frames carry its bytes attached from the memory, not copied (hugepage memory with an IO
+    /// address, or an application's memory registered with DPDK), for payloads of at least
+    /// 2 KiB on ports with multi-segment transmit.
+    pub zero_copy: bool,
     /// Protection domain.
     pub pdn: u32,
 }

@@ -259,6 +259,7 @@ impl Rdma {
             length,
             access: access_names(access),
             hugepage: mem.is_hugepage(),
+            zero_copy: mem.is_attachable(),
             pdn: pd.0,
         };
         mrs.meta.insert(key, MrEntry { info: info.clone() });

@@ -286,6 +286,7 @@ impl DpdkPort {
             mtu,
             caps,
         };
+        super::extmem::port_opened(id, di.device);
         let port = DpdkPort {
             id,
             name,
@@ -431,6 +432,7 @@ impl DpdkPort {
 
 impl Drop for DpdkPort {
     fn drop(&mut self) {
+        super::extmem::port_closed(self.id);
         // SAFETY: we started the port; workers using its queues have returned.
         unsafe {
             sys::rte_eth_dev_stop(self.id);

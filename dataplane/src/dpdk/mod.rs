@@ -7,6 +7,7 @@
 mod cable;
 mod eal;
 mod ethdev;
+pub(crate) mod extmem;
 mod mbuf;
 
 pub use cable::MemifCable;
