@@ -245,6 +245,17 @@ impl SharedMem {
                 }),
             });
         };
+        Some(Self::ext_block(
+            ptr,
+            len,
+            Box::new([]),
+            ExtOwner::App(reg, m),
+        ))
+    }
+
+    /// A block of memory mbufs can carry: its shared info starts with the block's own
+    /// references, and dropping it frees what `owner` owns.
+    fn ext_block(ptr: NonNull<u8>, len: usize, chunk_iova: Box<[u64]>, owner: ExtOwner) -> Self {
         let info = Box::new(ExtInfo {
             shinfo: dpdk_sys::rte_mbuf_ext_shared_info {
                 free_cb: Some(ext_free),
@@ -252,14 +263,9 @@ impl SharedMem {
                 refcnt: BLOCK_REFS,
             },
             base: ptr.as_ptr(),
-            chunk_iova: Box::new([]),
-            owner: ExtOwner::App(reg, m),
+            chunk_iova,
+            owner,
         });
-        Some(Self::ext_block(ptr, len, info))
-    }
-
-    /// A block of memory mbufs can carry, described by `info`.
-    fn ext_block(ptr: NonNull<u8>, len: usize, info: Box<ExtInfo>) -> Self {
         let info = NonNull::from(Box::leak(info));
         // SAFETY: our fresh box; the callback gets it back.
         unsafe { (*info.as_ptr()).shinfo.fcb_opaque = info.as_ptr().cast() };
@@ -290,17 +296,7 @@ impl SharedMem {
     pub(crate) unsafe fn from_rte(ptr: NonNull<u8>, len: usize) -> Self {
         // SAFETY: the live rte_zmalloc block.
         let chunk_iova = unsafe { chunk_iovas(ptr.as_ptr(), len) };
-        let info = Box::new(ExtInfo {
-            shinfo: dpdk_sys::rte_mbuf_ext_shared_info {
-                free_cb: Some(ext_free),
-                fcb_opaque: core::ptr::null_mut(),
-                refcnt: BLOCK_REFS,
-            },
-            base: ptr.as_ptr(),
-            chunk_iova,
-            owner: ExtOwner::Rte,
-        });
-        Self::ext_block(ptr, len, info)
+        Self::ext_block(ptr, len, chunk_iova, ExtOwner::Rte)
     }
 
     /// For attaching `len` bytes at `off` to an mbuf as an external buffer: their address, IO
