@@ -11,7 +11,7 @@
 use crate::rdma::{Rdma, RdmaError, parse_gid};
 use crate::state::ApiState;
 use dataplane::cc::{CcKind, DcqcnParams};
-use dataplane::host::AppQueues;
+use dataplane::host::{AppQueues, Fault};
 use dataplane::transport::mr::Access;
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
@@ -26,6 +26,7 @@ use std::time::Duration;
 use verbs::abi::{CQE_BYTES, RECV_HEADER, SEND_HEADER, SGE_BYTES};
 use verbs::attach::{AttachError, recv, send};
 use verbs::bell::{BELL_BYTES, BELL_QPS, Bells};
+use verbs::event::EventKind;
 use verbs::proto::{ModifyMsg, Reply, Request, RingPlace, VERSION};
 use verbs::ring::{Consumer, HEADER, Producer, RingLayout};
 use verbs::shm::SharedMem;
@@ -175,6 +176,13 @@ struct Session {
     bells: Option<Arc<SharedMem>>,
     /// By lcore: the number of its doorbell region there, once a QP of it lives there.
     bell_regions: BTreeMap<usize, u32>,
+    /// roced's end of its asynchronous event socket, made at Hello.
+    events: Option<OwnedFd>,
+    /// Its QPs' and CQs' fault flags: the event a fault raises, what it names (the QP number,
+    /// the CQ's number in the session), the flag, and whether the fault was told.
+    faults: Vec<(verbs::event::EventKind, u32, Fault, bool)>,
+    /// Port 0's link as last seen (None before the first look).
+    link: Option<bool>,
 }
 
 /// Numbers sessions for the listing.
@@ -185,6 +193,13 @@ fn session(st: &ApiState, sock: UnixStream) {
     let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
     let mut s = Session::default();
     loop {
+        // Between verbs, every tenth of a second: what to tell the application unasked.
+        s.watch(st);
+        match readable(&sock, Duration::from_millis(100)) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => break,
+        }
         let (req, fds) = match recv::<Request>(&sock) {
             Ok(m) => m,
             Err(AttachError::Closed) | Err(AttachError::Io(_)) => break,
@@ -209,6 +224,21 @@ fn session(st: &ApiState, sock: UnixStream) {
     }
     st.apps.lock().expect("applications").remove(&id);
     s.end(rdma);
+}
+
+/// True once `sock` has something to read (or has closed) within `wait`.
+fn readable(sock: &UnixStream, wait: Duration) -> std::io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut p = [PollFd::new(sock, PollFlags::IN)];
+    let t = Timespec {
+        tv_sec: wait.as_secs() as i64,
+        tv_nsec: wait.subsec_nanos() as i64,
+    };
+    match poll(&mut p, Some(&t)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn refusal(code: &str, message: impl Into<String>) -> Reply {
@@ -239,6 +269,60 @@ fn layout(entries: u32, slot: usize) -> Result<RingLayout, Reply> {
 }
 
 impl Session {
+    /// Tells the application, on its event socket, what happened to its objects since the last
+    /// look: a QP or CQ the lcore abandoned for its rings' fault (`IBV_EVENT_QP_FATAL`,
+    /// `IBV_EVENT_CQ_ERR`), port 0's link going down or up (`IBV_EVENT_PORT_ERR`,
+    /// `IBV_EVENT_PORT_ACTIVE`). An event the socket has no room for is dropped (logged): an
+    /// application that never reads them does not hold roced up.
+    fn watch(&mut self, st: &ApiState) {
+        use verbs::event::Event;
+        let Some(fd) = &self.events else { return };
+        let mut out = Vec::new();
+        for (kind, element, f, told) in &mut self.faults {
+            if !*told && f.load(Ordering::Acquire) {
+                *told = true;
+                tracing::warn!(
+                    pid = self.pid,
+                    element = *element,
+                    "application {} in error: its rings are corrupt",
+                    if *kind == EventKind::QpFatal {
+                        "QP"
+                    } else {
+                        "CQ"
+                    }
+                );
+                out.push(Event {
+                    kind: *kind,
+                    element: *element,
+                });
+            }
+        }
+        let up = st
+            .ports
+            .lock()
+            .expect("ports")
+            .first()
+            .and_then(|p| p["link_up"].as_bool());
+        if let Some(up) = up {
+            if self.link.is_some_and(|l| l != up) {
+                out.push(Event {
+                    kind: if up {
+                        EventKind::PortActive
+                    } else {
+                        EventKind::PortErr
+                    },
+                    element: 1,
+                });
+            }
+            self.link = Some(up);
+        }
+        for e in out {
+            if !verbs::event::post(fd, e) {
+                tracing::warn!(pid = self.pid, event = ?e.kind, "application's event socket full: event dropped");
+            }
+        }
+    }
+
     /// What `GET /v1/apps` shows of it.
     fn listing(&self, id: u64) -> serde_json::Value {
         serde_json::json!({
@@ -307,6 +391,9 @@ impl Session {
                     .fd()
                     .try_clone_to_owned()
                     .map_err(|e| refusal("internal", e.to_string()))?;
+                let (mine, theirs) =
+                    verbs::event::pair().map_err(|e| refusal("internal", e.to_string()))?;
+                self.events = Some(mine);
                 self.bells = Some(bells);
                 self.pid = pid.max(1);
                 self.command = command;
@@ -319,7 +406,7 @@ impl Session {
                         mac: rdma.mac(0).map_or([0; 6], |m| m.0),
                         bells: bytes,
                     },
-                    vec![fd],
+                    vec![fd, theirs],
                 ))
             }
             Request::AllocPd => {
@@ -410,10 +497,14 @@ impl Session {
                 );
                 let ring = Producer::new(mem.clone(), 0, l)
                     .map_err(|e| refusal("internal", e.to_string()))?;
-                let (lcore, n) = rdma.add_app_cq(None, ring, event).map_err(from_rdma)?;
+                let fault = Fault::default();
+                let (lcore, n) = rdma
+                    .add_app_cq(None, ring, event, fault.clone())
+                    .map_err(from_rdma)?;
                 let cq = self.next_cq;
                 self.next_cq += 1;
                 self.cqs.insert(cq, (lcore, n));
+                self.faults.push((EventKind::CqErr, cq, fault, false));
                 let fd = mem
                     .fd()
                     .try_clone_to_owned()
@@ -438,6 +529,7 @@ impl Session {
                     .ok_or_else(|| refusal("not_found", format!("no CQ {cq}")))?;
                 rdma.remove_app_cq(lcore, n).map_err(from_rdma)?;
                 self.cqs.remove(&cq);
+                self.faults.retain(|f| (f.0, f.1) != (EventKind::CqErr, cq));
                 done(Reply::Done)
             }
             Request::CreateAh { pd, gid } => {
@@ -528,6 +620,7 @@ impl Session {
                         n
                     }
                 };
+                let fault = Fault::default();
                 let rings = (|| {
                     let mem = Arc::new(
                         SharedMem::create("ferroce-qp", bytes).map_err(|e| e.to_string())?,
@@ -540,6 +633,7 @@ impl Session {
                         recv_cq: rn,
                         pd,
                         bells,
+                        fault: fault.clone(),
                     };
                     let fd = mem.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
                     Ok::<_, String>((q, fd))
@@ -559,6 +653,7 @@ impl Session {
                     }
                 };
                 self.qps.push(qpn);
+                self.faults.push((EventKind::QpFatal, qpn, fault, false));
                 Ok((
                     Reply::Qp {
                         qpn,
@@ -598,6 +693,8 @@ impl Session {
                 self.owns_qp(qpn)?;
                 rdma.destroy_qp(qpn).map_err(from_rdma)?;
                 self.qps.retain(|&q| q != qpn);
+                self.faults
+                    .retain(|f| (f.0, f.1) != (EventKind::QpFatal, qpn));
                 done(Reply::Done)
             }
         }

@@ -94,6 +94,7 @@ pub fn render(
     rdma(&f, hosts)?;
     impairment(&f, st)?;
     applications(&f, apps)?;
+    zero_copy(&f)?;
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&f.0.gather(), &mut out)
@@ -171,6 +172,36 @@ fn applications(f: &Families, apps: &[(serde_json::Value, AppCounters)]) -> Resu
             family.with_label_values(&[&pid, command]).inc_by(n);
         }
     }
+    Ok(())
+}
+
+/// Application memory registered with DPDK so that frames carry its bytes attached, and the
+/// registrations refused (DPDK's memseg lists all taken, IOVA as PA with a physical device):
+/// those regions still work, their bytes copied into frames.
+fn zero_copy(f: &Families) -> Result<(), String> {
+    let z = dataplane::dpdk::zero_copy_stats();
+    let none: &[&str] = &[];
+    f.int_gauge(
+        "ferroce_app_zero_copy_areas",
+        "application memory areas registered with DPDK for zero-copy transmit",
+        &[],
+    )?
+    .with_label_values(none)
+    .set(z.areas as i64);
+    f.int_gauge(
+        "ferroce_app_zero_copy_bytes",
+        "bytes of application memory registered with DPDK for zero-copy transmit",
+        &[],
+    )?
+    .with_label_values(none)
+    .set(z.bytes as i64);
+    f.counter(
+        "ferroce_app_zero_copy_refused_total",
+        "application memory registrations DPDK refused: those regions' bytes are copied into frames",
+        &[],
+    )?
+    .with_label_values(none)
+    .inc_by(z.refused);
     Ok(())
 }
 

@@ -564,6 +564,10 @@ where
             }
             if up != links[i] {
                 links[i] = up;
+                // Seen at once by the API and by attached applications (their port events).
+                if let Some(a) = &api {
+                    *a.ports.lock().expect("ports") = ports_json(ports);
+                }
                 tracing::info!(
                     port = i,
                     device = p.name(),

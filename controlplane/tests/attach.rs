@@ -8,6 +8,9 @@
 //! requests naming other programs' keys and sends control messages that are no messages or
 //! name others' objects hurts only itself: another program's stream beside it lands byte
 //! for byte, its memory on both nodes unchanged, its counters clean, roced unpanicked.
+//! At MTU 4096 application memory leaves in frames attached (zero copy: WRITE, SEND and READ
+//! responses, every byte checked); regions past DPDK's room for external memory are copied
+//! instead, counted; registrations go with their regions and their applications.
 
 mod common;
 use common::rdma::*;
@@ -233,7 +236,7 @@ fn an_attached_application_moves_data_from_and_into_its_own_memory() {
 }
 
 /// Moves `qp` of `ctx` to RTS toward `remote` (QPN, PSN) at `gid`.
-fn connect_app(ctx: &Context, qp: &verbs::client::Qp, remote: (u32, u32), gid: &str) {
+fn connect_app(ctx: &Context, qp: &verbs::client::Qp, remote: (u32, u32), gid: &str, mtu: u32) {
     let steps = [
         ModifyMsg {
             state: "INIT".into(),
@@ -242,7 +245,7 @@ fn connect_app(ctx: &Context, qp: &verbs::client::Qp, remote: (u32, u32), gid: &
         },
         ModifyMsg {
             state: "RTR".into(),
-            mtu: Some(1024),
+            mtu: Some(mtu),
             dest_qp: Some(remote.0),
             remote_gid: Some(gid.into()),
             rq_psn: Some(remote.1),
@@ -265,6 +268,80 @@ fn connect_app(ctx: &Context, qp: &verbs::client::Qp, remote: (u32, u32), gid: &
     }
 }
 
+/// Two applications, one on each node of `n` (whose sockets are tagged `tag`), each with
+/// `len` bytes of heap memory registered where it lies, a CQ and an RC QP, connected to each
+/// other at path MTU `mtu`. Fields drop in order: QPs, CQs, contexts, then the memory.
+struct HeapPair {
+    qa: verbs::client::Qp,
+    qb: verbs::client::Qp,
+    qa_cq: Cq,
+    qb_cq: Cq,
+    ca: Context,
+    cb: Context,
+    ma: Vec<u8>,
+    mb: Vec<u8>,
+    pa: u32,
+    la: u32,
+    lb: u32,
+    rb: u32,
+}
+
+fn heap_pair(n: &Cluster, tag: &str, len: usize, mtu: u32) -> HeapPair {
+    let pid = std::process::id();
+    let attach = |node: &str| {
+        let sock = format!("/run/ferroce/ferroce-r{tag}-{node}-{pid}.sock");
+        Context::attach(sock.as_ref()).unwrap()
+    };
+    let (ca, cb) = (attach("a"), attach("b"));
+    let mut ma = vec![0u8; len];
+    let mut mb = vec![0u8; len];
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    // SAFETY: the pair's own buffers, which outlive the regions (they drop last) and which
+    // no other thread touches.
+    let (la, _) = unsafe { ca.reg_mr_at(pa, ma.as_mut_ptr() as usize, len, 0xf) }.unwrap();
+    // SAFETY: as above.
+    let (lb, rb) = unsafe { cb.reg_mr_at(pb, mb.as_mut_ptr() as usize, len, 0xf) }.unwrap();
+    let (qa_cq, qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
+    let caps = QpCapsMsg {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
+    let qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
+    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0, mtu);
+    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0, mtu);
+    HeapPair {
+        qa,
+        qb,
+        qa_cq,
+        qb_cq,
+        ca,
+        cb,
+        ma,
+        mb,
+        pa,
+        la,
+        lb,
+        rb,
+    }
+}
+
+/// Checks that `c` is the successful completion of `id`.
+fn ok(c: Cqe, id: u64, what: &str) {
+    assert_eq!((c.wr_id, c.status), (id, 0), "{what}: {c:?}");
+}
+
+/// `len` bytes at `p`, read through volatile loads: the lcores wrote them behind Rust's back.
+fn read(p: *const u8, len: usize) -> Vec<u8> {
+    // SAFETY: the callers' pointers are inside their registered buffers, `len` bytes on.
+    (0..len)
+        .map(|i| unsafe { p.add(i).read_volatile() })
+        .collect()
+}
+
 #[test]
 fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
     let n = memif_nodes("attachloss", 7654);
@@ -276,44 +353,23 @@ fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
         ));
         assert_eq!(v["loss"], 0.01);
     }
-    let pid = std::process::id();
-    let attach = |node: &str| {
-        let sock = format!("/run/ferroce/ferroce-rattachloss-{node}-{pid}.sock");
-        Context::attach(sock.as_ref()).unwrap()
-    };
-    let (ca, cb) = (attach("a"), attach("b"));
-    const LEN: usize = 512 << 10;
     // Ordinary heap memory on both sides, registered where it lies.
-    let mut ma = vec![0u8; LEN];
-    let mut mb = vec![0u8; LEN];
-    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
-    // SAFETY: our own buffers, which outlive the regions and no other thread touches.
-    let (la, _ra) = unsafe { ca.reg_mr_at(pa, ma.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
-    // SAFETY: as above.
-    let (lb, rb) = unsafe { cb.reg_mr_at(pb, mb.as_mut_ptr() as usize, LEN, 0xf) }.unwrap();
+    const LEN: usize = 512 << 10;
+    let HeapPair {
+        mut qa,
+        mut qb,
+        mut qa_cq,
+        mut qb_cq,
+        ca,
+        cb,
+        mut ma,
+        mut mb,
+        la,
+        lb,
+        rb,
+        ..
+    } = heap_pair(&n, "attachloss", LEN, 1024);
     let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
-    let (mut qa_cq, mut qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
-    let caps = QpCapsMsg {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let mut qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
-    let mut qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
-    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0);
-    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0);
-    let ok = |c: Cqe, id: u64, what: &str| {
-        assert_eq!((c.wr_id, c.status), (id, 0), "{what}: {c:?}");
-    };
-    // The bytes are read through volatile loads: the lcores wrote them behind Rust's back.
-    let read = |p: *const u8, len: usize| -> Vec<u8> {
-        // SAFETY: inside the registered buffer.
-        (0..len)
-            .map(|i| unsafe { p.add(i).read_volatile() })
-            .collect()
-    };
 
     // WRITE: 256 KiB of a pattern from A into B (256 packets at MTU 1024).
     let pat = pattern(256 << 10, 3);
@@ -683,15 +739,9 @@ fn a_program_writing_garbage_into_its_rings_and_control_messages_hurts_only_itse
     let (mut qa_cq, qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
     let mut qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
     let qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
-    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0);
-    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0);
+    connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0, 1024);
+    connect_app(&cb, &qb, (qa.qpn, qa.sq_psn), &n.gids[0].0, 1024);
     let (mut want_a, mut want_b) = (ma.clone(), mb.clone());
-    let read = |p: *const u8, len: usize| -> Vec<u8> {
-        // SAFETY: inside the registered buffer (the lcores write it behind Rust's back).
-        (0..len)
-            .map(|i| unsafe { p.add(i).read_volatile() })
-            .collect()
-    };
 
     // The fuzzer: another program on node A, in its own PD, its QP connected to one of node
     // B's program in another PD (so that even a guessed rkey of the victim's finds nothing).
@@ -712,8 +762,8 @@ fn a_program_writing_garbage_into_its_rings_and_control_messages_hurts_only_itse
             let mut fq = cf.create_qp(pf, &fcq, &fcq, caps).unwrap();
             let bcq = cb.create_cq(32).unwrap();
             let bq = cb.create_qp(pbf, &bcq, &bcq, caps).unwrap();
-            connect_app(&cf, &fq, (bq.qpn, bq.sq_psn), &n.gids[1].0);
-            connect_app(&cb, &bq, (fq.qpn, fq.sq_psn), &n.gids[0].0);
+            connect_app(&cf, &fq, (bq.qpn, bq.sq_psn), &n.gids[1].0, 1024);
+            connect_app(&cb, &bq, (fq.qpn, fq.sq_psn), &n.gids[0].0, 1024);
             fuzz_rings(&mut rng, &cf, &mut fq, &mut fcq, &keys, &addrs, 60);
             // Time for the lcore to read what it was given before the QP goes.
             std::thread::sleep(Duration::from_millis(5));
@@ -827,4 +877,310 @@ fn a_program_writing_garbage_into_its_rings_and_control_messages_hurts_only_itse
     drop((qa, qb, qa_cq, qb_cq, ca, cb));
     drop((ma, mb, mf));
     n.stop();
+}
+
+/// The sum of family `family`'s series in the `/metrics` of node `api`.
+fn metric(api: &common::Api, family: &str) -> u64 {
+    let (status, body) = api.get_bytes("/metrics");
+    assert_eq!(status, 200);
+    String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Waits (2 s at most: counters reach the API with the control loop's refresh) until
+/// `family` on `api` satisfies `ok`; its last value.
+fn metric_until(api: &common::Api, family: &str, ok: impl Fn(u64) -> bool) -> u64 {
+    let t = Instant::now();
+    loop {
+        let v = metric(api, family);
+        if ok(v) || t.elapsed() > Duration::from_secs(2) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_copied() {
+    let n = memif_nodes("attachzc", 7662);
+    const LEN: usize = 1 << 20;
+    // Heap memory on both sides, registered where it lies; at MTU 4096 its full segments are
+    // large enough to leave attached.
+    let HeapPair {
+        mut qa,
+        mut qb,
+        mut qa_cq,
+        mut qb_cq,
+        ca,
+        cb,
+        mut ma,
+        mut mb,
+        pa,
+        la,
+        lb,
+        rb,
+    } = heap_pair(&n, "attachzc", LEN, 4096);
+    let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
+    for api in &n.api {
+        assert_eq!(
+            metric(api, "ferroce_app_zero_copy_areas"),
+            1,
+            "the region is registered with DPDK"
+        );
+        assert!(metric(api, "ferroce_app_zero_copy_bytes") >= LEN as u64);
+    }
+    let attached = |api: &common::Api| metric(api, "ferroce_tx_attached_pkts_total");
+    let (a0, b0) = (attached(&n.api[0]), attached(&n.api[1]));
+
+    // WRITE of 64 KiB from A's memory into B's: 16 frames, each carrying its 4 KiB attached.
+    let w1 = pattern(64 << 10, 5);
+    ma[..w1.len()].copy_from_slice(&w1);
+    let w = wqe(1, WrOpcode::Write, la, aa, w1.len() as u32, ab, rb);
+    assert!(qa.post_send(&w).unwrap());
+    ok(wait_one(&mut qa_cq), 1, "WRITE");
+    same(&n, &read(mb.as_ptr(), w1.len()), &w1, "WRITE of 64 KiB");
+
+    // SEND of 64 KiB into a receive B posted.
+    let s1 = pattern(64 << 10, 6);
+    ma[128 << 10..(128 << 10) + s1.len()].copy_from_slice(&s1);
+    let recv = abi::RecvWqe {
+        wr_id: 9,
+        sg: [abi::Sge {
+            addr: ab + (128 << 10),
+            length: 64 << 10,
+            lkey: lb,
+        }]
+        .into_iter()
+        .collect(),
+    };
+    assert!(qb.post_recv(&recv).unwrap());
+    let s = wqe(
+        2,
+        WrOpcode::Send,
+        la,
+        aa + (128 << 10),
+        s1.len() as u32,
+        0,
+        0,
+    );
+    assert!(qa.post_send(&s).unwrap());
+    ok(wait_one(&mut qa_cq), 2, "SEND");
+    let c = wait_one(&mut qb_cq);
+    ok(c, 9, "receive");
+    assert_eq!(c.byte_len, 64 << 10, "{c:?}");
+    same(
+        &n,
+        &read(mb.as_ptr().wrapping_add(128 << 10), s1.len()),
+        &s1,
+        "SEND of 64 KiB",
+    );
+
+    // READ of 64 KiB: B's responses carry B's memory attached.
+    let r1 = pattern(64 << 10, 7);
+    mb[256 << 10..(256 << 10) + r1.len()].copy_from_slice(&r1);
+    let r = wqe(
+        3,
+        WrOpcode::Read,
+        la,
+        aa + (256 << 10),
+        r1.len() as u32,
+        ab + (256 << 10),
+        rb,
+    );
+    assert!(qa.post_send(&r).unwrap());
+    ok(wait_one(&mut qa_cq), 3, "READ");
+    same(
+        &n,
+        &read(ma.as_ptr().wrapping_add(256 << 10), r1.len()),
+        &r1,
+        "READ of 64 KiB",
+    );
+    let a1 = metric_until(&n.api[0], "ferroce_tx_attached_pkts_total", |v| {
+        v >= a0 + 32
+    });
+    let b1 = metric_until(&n.api[1], "ferroce_tx_attached_pkts_total", |v| {
+        v >= b0 + 16
+    });
+    assert!(
+        a1 >= a0 + 32 && b1 >= b0 + 16,
+        "frames attached: A {a0} -> {a1} (WRITE and SEND, 32 full segments), \
+         B {b0} -> {b1} (READ responses, 16)"
+    );
+
+    // More regions than DPDK has memseg lists (128, some taken by its own hugepages): the
+    // registrations past its room are refused and counted, and those regions still work,
+    // their bytes copied into frames.
+    let refused0 = metric(&n.api[0], "ferroce_app_zero_copy_refused_total");
+    let extra: Vec<Memory> = (0..140).map(|_| Memory::new(8 << 10).unwrap()).collect();
+    let keys: Vec<u32> = extra
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.write(0, &pattern(8 << 10, 100 + i as u32)).unwrap();
+            ca.reg_mr(pa, m, 0xf).unwrap().0
+        })
+        .collect();
+    let areas = metric(&n.api[0], "ferroce_app_zero_copy_areas");
+    let refused = metric(&n.api[0], "ferroce_app_zero_copy_refused_total") - refused0;
+    println!("141 regions: {areas} registered with DPDK, {refused} refused (copied)");
+    assert!(
+        refused > 0 && areas < 141 && areas + refused == 141,
+        "141 regions: {areas} registered, {refused} refused"
+    );
+    // From the first of them (registered) and the last (copied), every byte checked.
+    for (id, i) in [(10, 0), (11, extra.len() - 1)] {
+        let at = 512 << 10;
+        let w = wqe(
+            id,
+            WrOpcode::Write,
+            keys[i],
+            extra[i].addr(),
+            8 << 10,
+            ab + at,
+            rb,
+        );
+        assert!(qa.post_send(&w).unwrap());
+        ok(wait_one(&mut qa_cq), id, "WRITE from an extra region");
+        same(
+            &n,
+            &read(mb.as_ptr().wrapping_add(at as usize), 8 << 10),
+            &pattern(8 << 10, 100 + i as u32),
+            &format!("WRITE from extra region {i}"),
+        );
+    }
+    // Deregistered, they leave DPDK's lists; the first region stays.
+    for k in keys {
+        ca.dereg_mr(k).unwrap();
+    }
+    let left = metric_until(&n.api[0], "ferroce_app_zero_copy_areas", |v| v == 1);
+    assert_eq!(left, 1, "deregistered regions stayed registered with DPDK");
+
+    // When the applications go, so do their registrations.
+    drop((qa, qb, qa_cq, qb_cq, ca, cb));
+    for api in &n.api {
+        let left = metric_until(api, "ferroce_app_zero_copy_areas", |v| v == 0);
+        assert_eq!(left, 0, "a detached application's memory stayed registered");
+        assert_eq!(metric(api, "ferroce_app_zero_copy_bytes"), 0);
+    }
+    drop((ma, mb));
+    n.stop();
+}
+
+/// The next asynchronous event within `wait`.
+fn next_event(ctx: &Context, wait: Duration) -> Option<verbs::event::Event> {
+    ctx.async_event(Some(wait)).unwrap()
+}
+
+#[test]
+fn asynchronous_events_tell_an_application_of_corrupt_rings_its_port_and_roced_going() {
+    use verbs::event::{Event, EventKind};
+    let mut n = memif_nodes("attachev", 7664);
+    let pid = std::process::id();
+    let sock = format!("/run/ferroce/ferroce-rattachev-a-{pid}.sock");
+    let ctx = Context::attach(sock.as_ref()).unwrap();
+    let bystander = Context::attach(sock.as_ref()).unwrap();
+    assert!(ctx.async_fd().is_some(), "the context has an async_fd");
+    let pd = ctx.alloc_pd().unwrap();
+    let mem = Memory::new(64 << 10).unwrap();
+    let (lkey, _) = ctx.reg_mr(pd, &mem, 0xf).unwrap();
+    let (kb, vb) = reg(&n.api[1], 1 << 20);
+    let caps = QpCapsMsg {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    // Two QPs to B, each with a CQ of its own.
+    let mut qps = Vec::new();
+    for _ in 0..2 {
+        let cq = ctx.create_cq(16).unwrap();
+        let qp = ctx.create_qp(pd, &cq, &cq, caps).unwrap();
+        let qb = create_qp(&n.api[1], None);
+        connect_app(&ctx, &qp, (qb, psn_of(&n.api[1], qb)), &n.gids[1].0, 1024);
+        connect(&n.api[1], qb, (&n.api[0], qp.qpn), &n.gids[0].0, 1024);
+        qps.push((qp, cq));
+    }
+    let ((mut q1, mut c1), (mut q2, c2)) = {
+        let mut it = qps.into_iter();
+        (it.next().unwrap(), it.next().unwrap())
+    };
+    let w = |id| wqe(id, WrOpcode::Write, lkey, mem.addr(), 64, vb, kb);
+    assert!(q1.post_send(&w(1)).unwrap());
+    assert_eq!(wait_one(&mut c1).status, 0);
+    assert_eq!(
+        next_event(&ctx, Duration::from_millis(300)),
+        None,
+        "nothing happened"
+    );
+
+    // A producer index far past its send ring: the lcore abandons the QP's queues and puts
+    // it in error, which no completion can report: IBV_EVENT_QP_FATAL names it.
+    let (m, sq, _) = q1.raw_rings();
+    scribble(m, sq.offset, &(word_at(m, sq.offset) + 1000).to_le_bytes());
+    q1.ring_doorbell();
+    assert_eq!(
+        next_event(&ctx, Duration::from_secs(2)),
+        Some(Event {
+            kind: EventKind::QpFatal,
+            element: q1.qpn
+        })
+    );
+    assert_eq!(ctx.query_qp(q1.qpn).unwrap().0, "ERR");
+    // A consumer index its completion ring never gave: the ring is abandoned once the lcore
+    // next reads it (when the ring looks full to it: 16 completions on), and
+    // IBV_EVENT_CQ_ERR names the CQ.
+    let (cm, place) = c2.raw_ring();
+    let consumed = word_at(cm, place.offset + 64);
+    scribble(cm, place.offset + 64, &(consumed + 1000).to_le_bytes());
+    let t = Instant::now();
+    for id in 0..32 {
+        while !q2.post_send(&w(100 + id)).unwrap() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the send queue stayed full"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(
+        next_event(&ctx, Duration::from_secs(2)),
+        Some(Event {
+            kind: EventKind::CqErr,
+            element: c2.cq
+        })
+    );
+    // Each told once; nothing told to another application of the same node.
+    assert_eq!(next_event(&ctx, Duration::from_millis(300)), None);
+    assert_eq!(next_event(&bystander, Duration::from_millis(10)), None);
+
+    // B goes: A's link goes down, IBV_EVENT_PORT_ERR on port 1 for every application.
+    let (code, _, log) = n.nodes[1].take().unwrap().terminate();
+    assert_eq!(code, 0, "{log}");
+    let port_err = Some(Event {
+        kind: EventKind::PortErr,
+        element: 1,
+    });
+    assert_eq!(next_event(&ctx, Duration::from_secs(10)), port_err);
+    assert_eq!(next_event(&bystander, Duration::from_secs(1)), port_err);
+
+    // A stops with the applications attached: it exits cleanly, everything back, and they
+    // learn the device is lost.
+    let (code, report, log) = n.nodes[0].take().unwrap().terminate();
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(report["mbufs_in_use_at_exit"], 0, "{log}");
+    for c in [&ctx, &bystander] {
+        assert_eq!(
+            next_event(c, Duration::from_secs(2)).map(|e| e.kind),
+            Some(EventKind::DeviceFatal)
+        );
+    }
+    drop((q1, q2, c1, c2));
 }

@@ -355,6 +355,22 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         "rocectl apps: {t}{}",
         String::from_utf8_lossy(&e)
     );
+    // Its 64 KiB messages leave A at MTU 4096 with their payload attached from its memory,
+    // registered with DPDK.
+    assert!(
+        m.lines()
+            .filter(|l| l.starts_with("ferroce_tx_attached_pkts_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+            > 0,
+        "no frame left attached: {m}"
+    );
+    let gauge = |api: &Api, name: &str| {
+        metrics(api)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+    };
+    assert!(gauge(&n.api[0], "ferroce_app_zero_copy_areas") > Some(0));
     // kill -9 of the streaming process: roced destroys what it made within a second.
     client.kill().unwrap();
     let killed = Instant::now();
@@ -363,6 +379,13 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         assert!(
             killed.elapsed() < Duration::from_secs(1),
             "the killed process's QP outlived it by a second"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    while gauge(&n.api[0], "ferroce_app_zero_copy_areas") != Some(0) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "the killed process's memory stayed registered with DPDK"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

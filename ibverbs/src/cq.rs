@@ -95,6 +95,9 @@ pub extern "C" fn ibv_create_cq(
         if let Some(ch) = ch {
             lock(&ch.cqs).push(b as *const Cq as usize);
         }
+        x.objects()
+            .cqs
+            .insert(b.id(), &b.cq as *const ibv_cq as usize);
         Ok(&mut b.cq as *mut ibv_cq)
     })
 }
@@ -106,6 +109,7 @@ pub extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         let q = cq(c)?;
         let x = ctx(q.cq.context)?;
         x.with(|s| s.destroy_cq_id(q.id()))?;
+        x.objects().cqs.remove(&q.id());
         if let Ok(ch) = channel(q.cq.channel) {
             let me = q as *const Cq as usize;
             lock(&ch.cqs).retain(|&p| p != me);

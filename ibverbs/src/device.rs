@@ -160,6 +160,18 @@ pub(crate) struct Ctx {
     pub(crate) gids: Vec<[u8; 16]>,
     pub(crate) mtu: u32,
     pub(crate) guid: u64,
+    /// The context's QPs and CQs as asynchronous events name them (QP number, the CQ's number
+    /// in the session), at the address of their `ibv_qp` / `ibv_cq`.
+    pub(crate) objects: Mutex<Objects>,
+}
+
+/// What asynchronous events may name.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    pub(crate) qps: std::collections::HashMap<u32, usize>,
+    pub(crate) cqs: std::collections::HashMap<u32, usize>,
+    /// roced has gone and `IBV_EVENT_DEVICE_FATAL` was reported.
+    lost: bool,
 }
 
 /// `__VERBS_ABI_IS_EXTENDED`: what `abi_compat` holds when the context is a `verbs_context`.
@@ -186,6 +198,10 @@ impl Ctx {
         Ok(f(&c)?)
     }
 
+    pub(crate) fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn ibv(&self) -> *mut ibv_context {
         &self.vctx.context as *const ibv_context as *mut ibv_context
     }
@@ -208,6 +224,9 @@ pub extern "C" fn ibv_open_device(d: *mut ibv_device) -> *mut ibv_context {
             .map(|g| g.parse::<Ipv6Addr>().map_or([0; 16], |a| a.octets()))
             .collect();
         let (mtu, guid) = (c.mtu, guid_of(c.mac));
+        let async_fd = c
+            .async_fd()
+            .map_or(-1, |f| std::os::fd::AsRawFd::as_raw_fd(&f));
         let mut x = Box::new(Ctx {
             // SAFETY: verbs_context is C data of pointers, integers and options of function
             // pointers; all zeroes is a valid value (NULL, 0, None; an unlocked mutex).
@@ -216,6 +235,7 @@ pub extern "C" fn ibv_open_device(d: *mut ibv_device) -> *mut ibv_context {
             gids,
             mtu,
             guid,
+            objects: Mutex::default(),
         });
         let v = &mut x.vctx;
         v.sz = size_of::<verbs_context>();
@@ -226,7 +246,7 @@ pub extern "C" fn ibv_open_device(d: *mut ibv_device) -> *mut ibv_context {
         let c = &mut v.context;
         c.device = &d.dev as *const ibv_device as *mut ibv_device;
         c.cmd_fd = -1;
-        c.async_fd = -1;
+        c.async_fd = async_fd;
         c.num_comp_vectors = 1;
         c.abi_compat = ABI_IS_EXTENDED;
         let x = Box::leak(x);
@@ -453,14 +473,88 @@ pub extern "C" fn ibv_read_sysfs_file(
     -1
 }
 
-/// `ibv_get_async_event`: no asynchronous events are raised yet; fails (EOPNOTSUPP).
+/// `ibv_get_async_event`: the next event roced sent on the context's `async_fd` (blocking
+/// unless the program made it non-blocking: then -1 with EAGAIN when none waits, as
+/// libibverbs does). Events of QPs and CQs destroyed since are skipped. When roced has gone,
+/// `IBV_EVENT_DEVICE_FATAL` once, then -1 with EIO.
 #[unsafe(no_mangle)]
-pub extern "C" fn ibv_get_async_event(_c: *mut ibv_context, _e: *mut ibv_async_event) -> c_int {
-    minus_one_call("ibv_get_async_event", || {
-        Err(Fail::unsupported("asynchronous events"))
-    })
+pub extern "C" fn ibv_get_async_event(c: *mut ibv_context, e: *mut ibv_async_event) -> c_int {
+    let mut waiting = false;
+    let r = minus_one_call("ibv_get_async_event", || {
+        let x = ctx(c)?;
+        // SAFETY: the caller's event to fill.
+        let e = unsafe { e.as_mut() }.ok_or_else(|| Fail::inval("no event"))?;
+        let fd = x.vctx.context.async_fd;
+        if fd < 0 {
+            return Err(Fail::unsupported("asynchronous events from this roced"));
+        }
+        loop {
+            if x.objects().lost {
+                return Err(Fail::new(libc::EIO, "the device is lost: roced has gone"));
+            }
+            // SAFETY: the context's event socket, open while the context is.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            use verbs::event::{EventKind, Read};
+            let ev = match verbs::event::read(fd, None) {
+                Ok(Read::Event(ev)) => ev,
+                Ok(Read::Gone) => {
+                    x.objects().lost = true;
+                    e.element.port_num = 0;
+                    e.event_type = ibv_event_type::IBV_EVENT_DEVICE_FATAL;
+                    return Ok(());
+                }
+                Ok(Read::Nothing) => {
+                    waiting = true;
+                    return Ok(());
+                }
+                Err(err) => {
+                    return Err(Fail::new(
+                        err.raw_os_error().unwrap_or(libc::EIO),
+                        err.to_string(),
+                    ));
+                }
+            };
+            let o = x.objects();
+            let (kind, found) = match ev.kind {
+                EventKind::QpFatal => (
+                    ibv_event_type::IBV_EVENT_QP_FATAL,
+                    o.qps
+                        .get(&ev.element)
+                        .map(|&q| e.element.qp = q as *mut ibv_qp),
+                ),
+                EventKind::CqErr => (
+                    ibv_event_type::IBV_EVENT_CQ_ERR,
+                    o.cqs
+                        .get(&ev.element)
+                        .map(|&q| e.element.cq = q as *mut ibv_cq),
+                ),
+                EventKind::PortActive | EventKind::PortErr => {
+                    e.element.port_num = ev.element as c_int;
+                    let k = if ev.kind == EventKind::PortActive {
+                        ibv_event_type::IBV_EVENT_PORT_ACTIVE
+                    } else {
+                        ibv_event_type::IBV_EVENT_PORT_ERR
+                    };
+                    (k, Some(()))
+                }
+                // roced does not send it (the program's side makes it, above).
+                EventKind::DeviceFatal => continue,
+            };
+            if found.is_some() {
+                e.event_type = kind;
+                return Ok(());
+            }
+        }
+    });
+    if waiting {
+        // A non-blocking async_fd with nothing waiting: no message, as libibverbs gives none.
+        crate::set_errno(libc::EAGAIN);
+        return -1;
+    }
+    r
 }
 
-/// `ibv_ack_async_event`.
+/// `ibv_ack_async_event`: nothing to release (an object destroyed after its event was read is
+/// simply not named by later ones).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_ack_async_event(_e: *mut ibv_async_event) {}

@@ -221,7 +221,9 @@ fn create(
             err: 0,
         }),
     }));
-    Ok(&mut boxed.ex.qp_base as *mut ibv_qp)
+    let q = &mut boxed.ex.qp_base as *mut ibv_qp;
+    x.objects().qps.insert(boxed.ex.qp_base.qp_num, q as usize);
+    Ok(q)
 }
 
 /// `ibv_create_qp`.
@@ -303,6 +305,7 @@ pub extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
     int_call("ibv_destroy_qp", || {
         let p = qp(q)?;
         p.ctx()?.with(|c| c.destroy_qp_num(p.num()))?;
+        p.ctx()?.objects().qps.remove(&p.num());
         // SAFETY: the Qp create leaked, given back once.
         drop(unsafe { Box::from_raw(q as *mut Qp) });
         Ok(())

@@ -285,6 +285,8 @@ pub struct Context {
     pub mac: [u8; 6],
     /// The doorbell memory (a region per lcore).
     bells: Option<Arc<SharedMem>>,
+    /// The application's end of the asynchronous event socket.
+    events: Option<OwnedFd>,
 }
 
 fn ring_of<T>(
@@ -314,6 +316,7 @@ impl Context {
             mtu: 0,
             mac: [0; 6],
             bells: None,
+            events: None,
         };
         let command = std::env::args().next().unwrap_or_default();
         match c.call(
@@ -333,7 +336,8 @@ impl Context {
                     bells,
                 },
                 mut fds,
-            ) if fds.len() == 1 => {
+            ) if fds.len() == 2 => {
+                c.events = fds.pop();
                 c.bells = Some(Arc::new(SharedMem::map(fds.remove(0), bells)?));
                 c.device = device;
                 c.gids = gids;
@@ -362,6 +366,32 @@ impl Context {
         match self.call(req, &[])? {
             (Reply::Done, _) => Ok(()),
             (r, _) => Err(ClientError::Unexpected(format!("{r:?}"))),
+        }
+    }
+
+    /// The asynchronous event socket's descriptor (libibverbs' `async_fd`): readable while
+    /// events wait.
+    pub fn async_fd(&self) -> Option<rustix::fd::BorrowedFd<'_>> {
+        self.events.as_ref().map(|f| f.as_fd())
+    }
+
+    /// The next asynchronous event, waiting at most `wait` (None: until one comes); once roced
+    /// has gone, `IBV_EVENT_DEVICE_FATAL`.
+    pub fn async_event(
+        &self,
+        wait: Option<std::time::Duration>,
+    ) -> Result<Option<crate::event::Event>, ClientError> {
+        let Some(fd) = &self.events else {
+            return Ok(None);
+        };
+        use crate::event::{Event, EventKind, Read};
+        match crate::event::read(fd, wait).map_err(AttachError::Io)? {
+            Read::Event(e) => Ok(Some(e)),
+            Read::Gone => Ok(Some(Event {
+                kind: EventKind::DeviceFatal,
+                element: 0,
+            })),
+            Read::Nothing => Ok(None),
         }
     }
 

@@ -14,6 +14,8 @@
 //! - [`attach`]: the attach socket's framing: control verbs as length-prefixed JSON messages
 //!   over a Unix stream socket, shared memory's descriptors passed with them (SCM_RIGHTS).
 //! - [`proto`]: the control verbs on that socket and roced's replies.
+//! - [`event`]: asynchronous events (a QP or CQ in error through no verb, a port's link), one
+//!   message each on a socket pair of their own.
 //! - [`client`]: the client library: attach, PDs, regions of the application's memory, CQs,
 //!   QPs, posting and polling through the rings.
 //! - [`abi`]: the entries, work queue entries and completion queue entries, as fixed little-endian
@@ -29,6 +31,7 @@ pub mod adopt;
 pub mod attach;
 pub mod bell;
 pub mod client;
+pub mod event;
 pub mod proto;
 pub mod ring;
 pub mod shm;

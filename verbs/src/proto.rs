@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// What the attach protocol is at (a client of another version is refused at `Hello`).
 /// (2: the lcore reads a QP's rings when its doorbell rings, `Welcome` carries the doorbell
-/// memory and `Qp` the QP's bit in it.)
-pub const VERSION: u32 = 2;
+/// memory and `Qp` the QP's bit in it; 3: `Welcome` carries the asynchronous event socket.)
+pub const VERSION: u32 = 3;
 
 /// Where a ring lies in the memory a reply's descriptor maps, and its shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,7 +189,8 @@ pub enum Request {
 pub enum Reply {
     /// Done; nothing to say.
     Done,
-    /// Attached: the device's name and its first port's GIDs.
+    /// Attached: the device's name and its first port's GIDs. Its descriptors: the doorbell
+    /// memory, then the application's end of the asynchronous event socket ([`crate::event`]).
     Welcome {
         /// "ferroce0".
         device: String,

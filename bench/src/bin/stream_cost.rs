@@ -208,13 +208,14 @@ fn app_stream(two: &mut Two, a: &Args, pair: dataplane::host::Pair) {
         recv_cq: 0,
         pd: 0,
         bells: 0,
+        fault: Default::default(),
     };
     let scq = Producer::new(mem.clone(), at[2], cq).expect("ring");
     let rcq = Producer::new(mem, at[3], cq).expect("ring");
     let bit = two
         .call(0, move |h, _| {
-            let send_cq = h.apps.add_cq(scq, None);
-            let recv_cq = h.apps.add_cq(rcq, None);
+            let send_cq = h.apps.add_cq(scq, None, Default::default());
+            let recv_cq = h.apps.add_cq(rcq, None, Default::default());
             let bells = h.apps.add_bells(bells);
             h.apps.attach(
                 &mut h.dev,

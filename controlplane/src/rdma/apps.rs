@@ -29,19 +29,20 @@ impl Rdma {
     }
 
     /// Hands a CQ's completion ring to an lcore (`lcore`, or the one with fewest QPs), with
-    /// the eventfd of its completion channel if it has one: the lcore and the ring's number
-    /// there.
+    /// the eventfd of its completion channel if it has one and the flag the lcore sets if it
+    /// abandons the ring: the lcore and the ring's number there.
     pub fn add_app_cq(
         &self,
         lcore: Option<usize>,
         ring: Producer,
         event: Option<std::os::fd::OwnedFd>,
+        fault: dataplane::host::Fault,
     ) -> Result<(usize, u32), RdmaError> {
         let l = {
             let qps = self.qps.lock().expect("qp table");
             self.pick_lcore(lcore, &qps)?
         };
-        let n = self.ask(l, move |h, _| h.apps.add_cq(ring, event))?;
+        let n = self.ask(l, move |h, _| h.apps.add_cq(ring, event, fault))?;
         Ok((l, n))
     }
 

@@ -20,6 +20,35 @@
 
 use dpdk_sys as sys;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Areas registered now, their bytes, and registrations refused (the memory then copied into
+/// frames) since the process started: control-plane counters, written where memory is
+/// registered and unregistered, never on an lcore's packet path.
+static AREAS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// What [`stats`] reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroCopyStats {
+    /// Application memory areas registered with DPDK now (frames may carry their bytes).
+    pub areas: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Registrations refused with ports open (IOVA as PA with a physical device, DPDK out of
+    /// memseg lists, a failed DMA mapping): those regions' bytes are copied into frames.
+    pub refused: u64,
+}
+
+/// The process's zero-copy registrations of application memory.
+pub fn stats() -> ZeroCopyStats {
+    ZeroCopyStats {
+        areas: AREAS.load(Relaxed),
+        bytes: BYTES.load(Relaxed),
+        refused: REFUSED.load(Relaxed),
+    }
+}
 
 /// DPDK's `RTE_BAD_IOVA` (a macro, so bindgen does not carry it).
 pub(crate) const BAD_IOVA: u64 = u64::MAX;
@@ -116,6 +145,14 @@ pub(crate) enum NotRegistered {
 /// Registers `len` bytes at `va` (page-aligned memory that stays mapped until the result is
 /// dropped) so that mbufs may carry them attached.
 pub(crate) fn register(va: *mut u8, len: usize) -> Result<Registered, NotRegistered> {
+    let r = try_register(va, len);
+    if !matches!(r, Ok(_) | Err(NotRegistered::NoPorts)) {
+        REFUSED.fetch_add(1, Relaxed);
+    }
+    r
+}
+
+fn try_register(va: *mut u8, len: usize) -> Result<Registered, NotRegistered> {
     let ports: Vec<PortDevice> = PORTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if ports.is_empty() {
         return Err(NotRegistered::NoPorts);
@@ -150,6 +187,8 @@ pub(crate) fn register(va: *mut u8, len: usize) -> Result<Registered, NotRegiste
     if unsafe { sys::rte_extmem_register(va.cast(), len, arr, n, page) } != 0 {
         return Err(dpdk("rte_extmem_register"));
     }
+    AREAS.fetch_add(1, Relaxed); // undone by the drop of `reg`, on every path
+    BYTES.fetch_add(len as u64, Relaxed);
     let mut reg = Registered {
         va: va as usize,
         len,
@@ -191,5 +230,7 @@ impl Drop for Registered {
             }
             sys::rte_extmem_unregister(self.va as *mut _, self.len);
         }
+        AREAS.fetch_sub(1, Relaxed);
+        BYTES.fetch_sub(self.len as u64, Relaxed);
     }
 }

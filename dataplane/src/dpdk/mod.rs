@@ -8,6 +8,7 @@ mod cable;
 mod eal;
 mod ethdev;
 pub(crate) mod extmem;
+pub use extmem::{ZeroCopyStats, stats as zero_copy_stats};
 mod mbuf;
 
 pub use cable::MemifCable;

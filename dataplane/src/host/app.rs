@@ -41,6 +41,11 @@ pub const ENTRIES_PER_POLL: usize = 32;
 /// The largest slot a ring may have (what [`verbs::ring::RingLayout`] allows).
 const MAX_SLOT: usize = 4096;
 
+/// Set by the lcore when it abandons an application's rings (a QP's queues or a CQ's
+/// completion ring), read by the control plane, which tells the application (an asynchronous
+/// event): one store, on the lcore's error path.
+pub type Fault = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
 /// The rings of one application QP.
 #[derive(Debug)]
 pub struct AppQueues {
@@ -58,6 +63,8 @@ pub struct AppQueues {
     pub pd: u32,
     /// The doorbell region its application rings it in ([`Apps::add_bells`]).
     pub bells: u32,
+    /// Set when the lcore puts the QP in error for its queues' fault.
+    pub fault: Fault,
 }
 
 /// Why rings were refused.
@@ -152,6 +159,8 @@ struct AppCq {
     /// Its consumer index was impossible: it is written no more, and what would go to it is
     /// dropped (counted), as a CQ in error loses its completions.
     broken: bool,
+    /// Set with `broken`, for the control plane.
+    fault: Fault,
 }
 
 /// The shard's application QPs and the completion rings they complete into. A CQ's ring has one
@@ -215,11 +224,17 @@ impl Apps {
     /// Takes a completion ring the application reads, and the eventfd of its completion
     /// channel (written when a completion arrives while the application has armed the ring);
     /// its number for [`AppQueues`].
-    pub fn add_cq(&mut self, ring: Producer, event: Option<std::os::fd::OwnedFd>) -> u32 {
+    pub fn add_cq(
+        &mut self,
+        ring: Producer,
+        event: Option<std::os::fd::OwnedFd>,
+        fault: Fault,
+    ) -> u32 {
         let cq = AppCq {
             ring,
             event,
             broken: false,
+            fault,
         };
         match self.cqs.iter().position(Option::is_none) {
             Some(i) => {
@@ -727,6 +742,7 @@ fn entry_opcode(entry: &[u8]) -> WcOpcode {
 fn broken(dev: &mut Device, a: &mut AppQp, c: &mut AppCounters) {
     c.broken_rings += 1;
     a.broken = true;
+    a.q.fault.store(true, std::sync::atomic::Ordering::Release);
     to_err(dev, a.q.qpn);
 }
 
@@ -789,6 +805,7 @@ fn complete(
             // abandoned, as a corrupt work queue is (the QP is untouched: its completions are
             // dropped from now on; other processes notice nothing).
             ring.broken = true;
+            ring.fault.store(true, std::sync::atomic::Ordering::Release);
             c.broken_rings += 1;
             full = true;
         }

@@ -20,7 +20,7 @@ mod kit;
 #[cfg(test)]
 mod tests;
 
-pub use app::{AppCounters, AppError, AppQueues, Apps, ENTRIES_PER_POLL};
+pub use app::{AppCounters, AppError, AppQueues, Apps, ENTRIES_PER_POLL, Fault};
 pub use kit::{Asker, PAIR_VA, Pair, connect_pair, connect_pair_with, pair_check};
 
 use crate::PacketBuf;

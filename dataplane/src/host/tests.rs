@@ -202,8 +202,12 @@ fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
     let sample = r.sample.expect("a timed test's sample");
     assert!(r.errors == 0 && r.posted_ns.is_empty(), "{r:?}");
     assert!(sample.iters > 0 && r.elapsed_ns >= 100_000_000, "{r:?}");
+    // The window closes at the first completion past the deadline: how long after it is the
+    // scheduler's on a shared CPU (this bound was once 110 ms and failed under load), so
+    // only its bounds are asserted here; its exact length is checked on simulated time
+    // (`perftest::latency` tests).
     assert!(
-        (100_000_000..110_000_000).contains(&sample.window_ns),
+        sample.window_ns >= 100_000_000 && sample.window_ns <= r.elapsed_ns,
         "{r:?}"
     );
     // A QP that is not connected cannot stream.
@@ -309,6 +313,8 @@ mod app_rings {
         /// Its doorbell, and the bit that rings its QP.
         pub bell: Bell,
         pub bit: u32,
+        /// What the lcore sets when it abandons the QP's queues.
+        pub fault: crate::host::Fault,
     }
 
     /// Rings for QP `qpn` of `host`: the application's ends, and the lcore's attached (one
@@ -317,7 +323,7 @@ mod app_rings {
         let (mut app, q, cq) = rings(qpn);
         let bells = Bells::new(app.mem.clone(), app.mem.len() - BELL_BYTES).unwrap();
         app.bit = ask(host, move |h, _| {
-            let n = h.apps.add_cq(cq, None);
+            let n = h.apps.add_cq(cq, None, Default::default());
             let bells = h.apps.add_bells(bells);
             h.apps.attach(
                 &mut h.dev,
@@ -353,6 +359,7 @@ mod app_rings {
             mem: mem.clone(),
             bell: Bell::new(mem.clone(), bell_at).unwrap(),
             bit: 0,
+            fault: Default::default(),
         };
         let lcore = AppQueues {
             qpn,
@@ -362,6 +369,7 @@ mod app_rings {
             recv_cq: 0,
             pd: 0,
             bells: 0,
+            fault: app.fault.clone(),
         };
         (app, lcore, Producer::new(mem, at[2], cq).unwrap())
     }
@@ -493,6 +501,10 @@ fn an_application_posts_through_its_rings_and_bad_entries_stay_with_their_qp() {
     assert_eq!(got, pattern);
     let counters = ask(&a, |h, _| h.apps.counters()).unwrap();
     assert_eq!(counters.broken_rings, 1, "{counters:?}");
+    // The corrupt ring is the control plane's to report (an asynchronous event); the entry
+    // that did not decode was reported by its completion.
+    let faulted = |a: &app_rings::App| a.fault.load(std::sync::atomic::Ordering::Acquire);
+    assert!(faulted(&app1) && !faulted(&app2));
     // A completion ring is not taken back while a QP completes into it.
     let r = ask(&a, |h, _| h.apps.remove_cq(&h.dev, 0).map(|_| ())).unwrap();
     assert!(matches!(r, Err(AppError::CqInUse(0))), "{r:?}");

@@ -8,6 +8,9 @@
  */
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +254,18 @@ int main(void)
 		if (n == 1) break;
 	}
 	if (wc.wr_id != 10 || wc.status == IBV_WC_SUCCESS) die("a bad lkey succeeded");
+
+	/* Asynchronous events: a pollable async_fd with nothing waiting (an error a completion
+	 * reports raises none); made non-blocking, ibv_get_async_event says EAGAIN. */
+	if (a.ctx->async_fd < 0) die("no async_fd");
+	struct pollfd pfd = { .fd = a.ctx->async_fd, .events = POLLIN };
+	if (poll(&pfd, 1, 200) != 0) die("an asynchronous event after a completion error");
+	if (fcntl(a.ctx->async_fd, F_SETFL, fcntl(a.ctx->async_fd, F_GETFL) | O_NONBLOCK))
+		die("fcntl");
+	struct ibv_async_event ev;
+	errno = 0;
+	if (ibv_get_async_event(a.ctx, &ev) != -1 || errno != EAGAIN)
+		die("ibv_get_async_event on a quiet non-blocking async_fd: errno %d", errno);
 
 	if (ibv_destroy_qp(a.qp) || ibv_destroy_qp(b.qp)) die("ibv_destroy_qp");
 	if (ibv_destroy_cq(a.cq) || ibv_destroy_cq(b.cq)) die("ibv_destroy_cq");
