@@ -415,6 +415,58 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         assert!(t.elapsed() < Duration::from_secs(1), "the peer's QP stayed");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Now the receiving end dies mid-stream (the server on B): B destroys its QP within a
+    // second, and the sender on A, whose WRITEs reach no QP any more, has its QP in error
+    // within perftest's retry window (timeout 14, 67 ms, times 1 + 7 retries: about 0.5 s)
+    // and exits with the completion's error.
+    let mut server = tool(
+        "ib_write_bw",
+        &socks[1],
+        &["-x", "1", "-D", "30", "-p", "19904"],
+    )
+    .spawn()
+    .unwrap();
+    wait_listening(19904, "ib_write_bw -D 30 (second stream)");
+    let sender = tool(
+        "ib_write_bw",
+        &socks[0],
+        &["-x", "1", "-D", "30", "-p", "19904", "127.0.0.1"],
+    )
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    while qps(&n.api[0]) == 0 || qps(&n.api[1]) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the second stream never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill().unwrap();
+    let killed = Instant::now();
+    let _ = server.wait();
+    while qps(&n.api[1]) > 0 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "the killed receiver's QP outlived it by a second"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = wait_output(
+        sender,
+        Duration::from_secs(10),
+        "the sender to a killed receiver",
+    );
+    let noticed = killed.elapsed();
+    let out = text(&s);
+    assert!(
+        !s.status.success() && out.contains("Failed status 12"),
+        "the sender's WRITE should fail with IBV_WC_RETRY_EXC_ERR (12):\n{out}"
+    );
+    println!("sender to a killed receiver: in error and gone {noticed:?} after the kill");
+    assert!(noticed < Duration::from_secs(3), "{noticed:?}:\n{out}");
+
     // And the nodes serve the next program as before.
     let (c, _) = pair(
         &socks,

@@ -346,6 +346,7 @@ fn app_section(
             }
         }
     }
+    md.push('\n');
     md
 }
 
