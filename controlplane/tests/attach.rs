@@ -879,6 +879,30 @@ fn a_program_writing_garbage_into_its_rings_and_control_messages_hurts_only_itse
     n.stop();
 }
 
+/// The mappings of process `pid`: start, end, path, and the size of their pages in KiB
+/// (`/proc/PID/smaps`).
+fn mappings(pid: u32) -> Vec<(usize, usize, String, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut out: Vec<(usize, usize, String, u64)> = Vec::new();
+    for l in text.lines() {
+        if let Some(kb) = l.strip_prefix("KernelPageSize:") {
+            if let (Some(m), Some(Ok(k))) =
+                (out.last_mut(), kb.split_whitespace().next().map(str::parse))
+            {
+                m.3 = k;
+            }
+            continue;
+        }
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if let Some((a, b)) = f.first().and_then(|r| r.split_once('-'))
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            out.push((a, b, f.get(5..).map(|p| p.join(" ")).unwrap_or_default(), 4));
+        }
+    }
+    out
+}
+
 /// The sum of family `family`'s series in the `/metrics` of node `api`.
 fn metric(api: &common::Api, family: &str) -> u64 {
     let (status, body) = api.get_bytes("/metrics");
@@ -1055,6 +1079,63 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
             &format!("WRITE from extra region {i}"),
         );
     }
+    // Huge pages (MAP_HUGETLB) registered where they lie stay huge pages, in this process
+    // and in roced, and a WRITE from them lands byte for byte.
+    const HUGE: usize = 2 << 20;
+    // SAFETY: a fresh private hugetlb mapping of ours (scripts/setup.sh reserves the pool).
+    let hp = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            HUGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(hp, libc::MAP_FAILED, "a free huge page");
+    let hp = hp as *mut u8;
+    let hpat = pattern(64 << 10, 77);
+    // SAFETY: inside the mapping, ours alone.
+    unsafe { core::ptr::copy_nonoverlapping(hpat.as_ptr(), hp.add(4096), hpat.len()) };
+    // SAFETY: our mapping, which outlives the region (deregistered below).
+    let (hk, _) = unsafe { ca.reg_mr_at(pa, hp as usize + 4096, hpat.len(), 0xf) }.unwrap();
+    let here = mappings(std::process::id());
+    let mine = here
+        .iter()
+        .find(|m| m.0 <= hp as usize && (hp as usize) < m.1);
+    assert_eq!(
+        mine.map(|m| m.3),
+        Some(2048),
+        "kB pages under the region: {mine:?}"
+    );
+    let roced = mappings(n.nodes[0].as_ref().unwrap().child.id());
+    assert!(
+        roced
+            .iter()
+            .any(|m| m.2.contains("ferroce-mr") && m.3 == 2048),
+        "roced maps the region's huge pages"
+    );
+    let at = 640 << 10;
+    let w = wqe(
+        12,
+        WrOpcode::Write,
+        hk,
+        hp as u64 + 4096,
+        hpat.len() as u32,
+        ab + at,
+        rb,
+    );
+    assert!(qa.post_send(&w).unwrap());
+    ok(wait_one(&mut qa_cq), 12, "WRITE from huge pages");
+    same(
+        &n,
+        &read(mb.as_ptr().wrapping_add(at as usize), hpat.len()),
+        &hpat,
+        "WRITE from huge pages",
+    );
+    ca.dereg_mr(hk).unwrap();
+
     // Deregistered, they leave DPDK's lists; the first region stays.
     for k in keys {
         ca.dereg_mr(k).unwrap();

@@ -19,9 +19,9 @@
 //! - After `fork()`, parent and child share the pages instead of copying them on write
 //!   (libibverbs' `ibv_fork_init` instead keeps them out of the child).
 //! - Hugetlb memory (`MAP_HUGETLB`, a private mapping of a hugetlbfs file) is adopted whole huge
-//!   pages at a time, onto ordinary pages: the bytes and addresses stay, the huge pages under
-//!   the region do not (the TLB's reach is the price; keeping them needs a hugetlb memfd and a
-//!   huge-page-aligned mapping in roced, not done).
+//!   pages at a time onto a hugetlb memfd, so it stays huge pages in the program and in roced
+//!   ([`SharedMem::map_pieces`] places huge pieces on huge page boundaries); where the pool has
+//!   no free huge pages for the copy, onto ordinary pages (same bytes and addresses).
 //! - Memory that is not plain readable memory (unmapped, `PROT_NONE`, shared or device
 //!   mappings) is refused with the reason.
 //!
@@ -218,12 +218,14 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
             .find(|m| m.start <= at && at < m.end)
             .ok_or(AdoptError::NotMapped { addr: at })?;
         if let Some(b) = backing_of(&adopted, m) {
-            let to = m.end.min(end);
-            first.get_or_insert(at);
+            // Huge pages adopted as huge pages are taken whole (roced maps them as such).
+            let from = at & !(m.page - 1);
+            let to = end.next_multiple_of(m.page).min(m.end);
+            first.get_or_insert(from);
             pieces.push(Piece {
                 fd: dup(&b.fd)?,
-                offset: (at - b.start) as u64,
-                len: to - at,
+                offset: (from - b.start) as u64,
+                len: to - from,
             });
             at = to;
             continue;
@@ -231,11 +233,11 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
         // Pages not adopted yet, replaced now: the whole huge pages the range touches in a
         // hugetlb mapping, alone; other pages up to the next adopted or hugetlb ones (or the
         // range's end).
-        let (from, to, writable) = if m.page > page {
+        let (from, to, writable, huge) = if m.page > page {
             check_plain(m, at)?;
             let from = (at & !(m.page - 1)).max(m.start);
             let to = end.next_multiple_of(m.page).min(m.end);
-            (from, to, m.perms[1] == b'w')
+            (from, to, m.perms[1] == b'w', m.page)
         } else {
             let mut to = at;
             for m in maps.iter().filter(|m| m.end > at && m.start < end) {
@@ -255,9 +257,9 @@ pub unsafe fn adopt(addr: usize, len: usize) -> Result<Adopted, AdoptError> {
                 .iter()
                 .filter(|m| m.end > at && m.start < to)
                 .all(|m| m.perms[1] == b'w');
-            (at, to, writable)
+            (at, to, writable, page)
         };
-        let b = replace(from, to - from, writable)?;
+        let b = replace(from, to - from, writable, huge)?;
         first.get_or_insert(from);
         pieces.push(Piece {
             fd: dup(&b.fd)?,
@@ -296,9 +298,17 @@ fn check_plain(m: &Map, at: usize) -> Result<(), AdoptError> {
     Err(AdoptError::Unsupported { addr: at, what })
 }
 
-/// Replaces the `n` bytes of pages at `start` with a new memfd holding their bytes.
-fn replace(start: usize, n: usize, writable: bool) -> Result<Backing, AdoptError> {
-    let mem = SharedMem::create("ferroce-mr", n)?;
+/// Replaces the `n` bytes of pages at `start` (pages of `page` bytes) with a new memfd holding
+/// their bytes: of huge pages for huge pages, where the pool has them (else ordinary pages:
+/// the same bytes at the same addresses, without the huge pages' reach in the TLB).
+fn replace(start: usize, n: usize, writable: bool, page: usize) -> Result<Backing, AdoptError> {
+    let huge = (page > page_size() && n.is_multiple_of(page) && start.is_multiple_of(page))
+        .then(|| SharedMem::create_huge("ferroce-mr", n, page).ok())
+        .flatten();
+    let mem = match huge {
+        Some(m) => m,
+        None => SharedMem::create("ferroce-mr", n)?,
+    };
     let prot = if writable {
         ProtFlags::READ | ProtFlags::WRITE
     } else {
@@ -446,7 +456,19 @@ mod tests {
             buf.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8),
             "bytes kept"
         );
+        // Still huge pages, in the program and in roced's view (placed on a huge boundary).
+        let huge_at = |addr: usize| {
+            maps()
+                .unwrap()
+                .iter()
+                .find(|m| m.start <= addr && addr < m.end)
+                .map(|m| m.page)
+        };
+        assert_eq!(huge_at(p as usize), Some(HUGE));
+        assert_eq!(huge_at(p as usize + HUGE), Some(HUGE));
         let view = roced_view(&a);
+        assert_eq!(view.as_ptr() as usize % HUGE, 0);
+        assert_eq!(huge_at(view.as_ptr() as usize), Some(HUGE));
         // SAFETY: inside both mappings.
         unsafe {
             assert_eq!(*view.as_ptr().add(at + 100), buf[at + 100]);
@@ -459,12 +481,16 @@ mod tests {
             *view.as_ptr().add(at + 8000) = 0xdd;
         }
         assert_eq!(buf[at + 8000], 0xdd, "roced's write is seen");
-        // The pages are adopted now: a region inside them takes them as they are.
+        // The pages are adopted now: a region inside them takes them as they are, whole huge
+        // pages.
         // SAFETY: as above.
-        let b = unsafe { adopt(p as usize + 4096 + 3, 100) }.unwrap();
-        assert_eq!((b.offset, b.pieces.len()), (3, 1), "{b:?}");
-        assert_eq!(b.pieces[0].offset, 4096);
-        drop((view, a, b));
+        let b = unsafe { adopt(p as usize + HUGE + 4096 + 3, 100) }.unwrap();
+        assert_eq!((b.offset, b.pieces.len()), (4096 + 3, 1), "{b:?}");
+        assert_eq!((b.pieces[0].offset, b.pieces[0].len), (HUGE as u64, HUGE));
+        let v2 = roced_view(&b);
+        // SAFETY: inside both mappings.
+        unsafe { assert_eq!(*v2.as_ptr().add(4096 + 3), buf[HUGE + 4096 + 3]) };
+        drop((view, v2, a, b));
         // SAFETY: our mapping, unmapped once; nothing points into it any more.
         unsafe { rustix::mm::munmap(p.cast(), 2 * HUGE) }.unwrap();
     }

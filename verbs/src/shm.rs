@@ -80,6 +80,30 @@ impl SharedMem {
         Self::map(fd, len)
     }
 
+    /// As [`SharedMem::create`], of huge pages (a hugetlb memfd of the system's default huge
+    /// page size, `huge` bytes: `len` must be whole huge pages). Fails where the huge page pool
+    /// has too few free pages.
+    pub fn create_huge(name: &str, len: usize, huge: usize) -> Result<SharedMem, ShmError> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        if huge == 0 || !len.is_multiple_of(huge) {
+            return Err(ShmError::Misaligned);
+        }
+        let fd = rustix::fs::memfd_create(
+            name,
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB,
+        )
+        .map_err(os("memfd_create(MFD_HUGETLB)"))?;
+        if rustix::fs::fstat(&fd).map_err(os("fstat"))?.st_blksize as usize != huge {
+            return Err(ShmError::Misaligned);
+        }
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(os("fcntl(F_ADD_SEALS)"))?;
+        Self::map(fd, len)
+    }
+
     /// Maps the first `len` bytes of the memfd `fd` (received from another process): refused
     /// unless it is sealed against shrinking and at least `len` long.
     pub fn map(fd: OwnedFd, len: usize) -> Result<SharedMem, ShmError> {
@@ -118,12 +142,27 @@ impl SharedMem {
     /// offset in its file, bytes), offsets and lengths whole pages. This is how a region of an
     /// application's memory that spans pages adopted at different times ([`crate::adopt`]) is
     /// seen whole. Each file must be sealed against shrinking and long enough for its piece.
+    ///
+    /// Pieces of huge pages (hugetlb memfds: their block size is the huge page size) stay huge:
+    /// their offsets and lengths must be whole huge pages, and the range is placed so that
+    /// each lands on a huge page boundary, as it does in the application (where the pieces are
+    /// contiguous too, so their positions agree modulo the huge page size).
     pub fn map_pieces(pieces: &[(BorrowedFd<'_>, u64, usize)]) -> Result<SharedMem, ShmError> {
         let page = rustix::param::page_size();
         let mut total = 0usize;
+        // The huge page size of the huge pieces, and where the first one starts in the range.
+        let mut huge: Option<(usize, usize)> = None;
         for &(fd, off, len) in pieces {
-            if len == 0 || !len.is_multiple_of(page) || !(off as usize).is_multiple_of(page) {
+            let unit = (rustix::fs::fstat(fd).map_err(os("fstat"))?.st_blksize as usize).max(page);
+            if len == 0 || !len.is_multiple_of(unit) || !(off as usize).is_multiple_of(unit) {
                 return Err(ShmError::Misaligned);
+            }
+            if unit > page {
+                match huge {
+                    None => huge = Some((unit, total)),
+                    Some((h, at)) if h == unit && (total - at).is_multiple_of(h) => {}
+                    Some(_) => return Err(ShmError::Misaligned),
+                }
             }
             let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| ShmError::NotSealed)?;
             if !seals.contains(SealFlags::SHRINK) {
@@ -142,16 +181,31 @@ impl SharedMem {
         let Some(&(first, ..)) = pieces.first() else {
             return Err(ShmError::Empty);
         };
+        let slack = huge.map_or(0, |(h, _)| h);
         // SAFETY: a fresh reservation chosen by the kernel, replaced piece by piece below.
-        let base = unsafe {
+        let raw = unsafe {
             rustix::mm::mmap_anonymous(
                 core::ptr::null_mut(),
-                total,
+                total + slack,
                 ProtFlags::empty(),
                 MapFlags::PRIVATE,
             )
         }
         .map_err(os("mmap"))? as *mut u8;
+        // Where the range starts in the reservation: so that the huge pieces land on huge page
+        // boundaries. The slack around it goes back.
+        let skip = huge.map_or(0, |(h, at)| {
+            let want = (h - at % h) % h; // the range's start modulo h
+            (want + h - raw as usize % h) % h
+        });
+        // `skip < slack` (or both 0): the range stays inside the reservation.
+        let base = raw.wrapping_add(skip);
+        for (from, n) in [(raw, skip), (base.wrapping_add(total), slack - skip)] {
+            if n > 0 {
+                // SAFETY: the reservation's slack before and after the range, ours, unused.
+                let _ = unsafe { rustix::mm::munmap(from.cast(), n) };
+            }
+        }
         let mem = SharedMem {
             // SAFETY: mmap does not return NULL on success.
             ptr: unsafe { NonNull::new_unchecked(base) },
@@ -221,6 +275,47 @@ mod tests {
             a.as_ptr().add(100).write_volatile(0xa5);
             assert_eq!(b.as_ptr().add(100).read_volatile(), 0xa5);
         }
+    }
+
+    #[test]
+    fn huge_pieces_stay_huge_and_land_on_huge_boundaries() {
+        const HUGE: usize = 2 << 20;
+        let small = SharedMem::create("ferroce-test", 8192).unwrap();
+        let huge = SharedMem::create_huge("ferroce-test-huge", HUGE, HUGE)
+            .expect("a free huge page (scripts/setup.sh reserves the pool)");
+        // SAFETY: inside the huge mapping.
+        unsafe { huge.as_ptr().add(77).write_volatile(0x5a) };
+        // Two ordinary pages, then the huge page: the range starts 8 KiB below a huge boundary.
+        let v = SharedMem::map_pieces(&[(small.fd(), 0, 8192), (huge.fd(), 0, HUGE)]).unwrap();
+        assert_eq!(v.len(), 8192 + HUGE);
+        assert_eq!((v.as_ptr() as usize + 8192) % HUGE, 0);
+        // SAFETY: inside the view.
+        assert_eq!(unsafe { v.as_ptr().add(8192 + 77).read_volatile() }, 0x5a);
+        // A huge piece that is not whole huge pages, or that would not land on a boundary
+        // beside another, is refused.
+        for bad in [
+            vec![(huge.fd(), 4096, HUGE - 4096)],
+            vec![(huge.fd(), 0, 4096)],
+        ] {
+            assert!(matches!(
+                SharedMem::map_pieces(&bad),
+                Err(ShmError::Misaligned)
+            ));
+        }
+        let two = SharedMem::create_huge("ferroce-test-huge", 2 * HUGE, HUGE).unwrap();
+        let crooked = [
+            (two.fd(), 0, HUGE),
+            (small.fd(), 0, 4096),
+            (two.fd(), HUGE as u64, HUGE),
+        ];
+        assert!(matches!(
+            SharedMem::map_pieces(&crooked),
+            Err(ShmError::Misaligned)
+        ));
+        assert!(matches!(
+            SharedMem::create_huge("ferroce-test-huge", 4096, HUGE),
+            Err(ShmError::Misaligned)
+        ));
     }
 
     #[test]
