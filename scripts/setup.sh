@@ -10,7 +10,7 @@
 # on /dev/hugepages. Idempotent.
 set -euo pipefail
 
-PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev ibverbs-utils perftest gcc valgrind)
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev ibverbs-utils perftest gcc valgrind systemd)
 HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
 
 if [ "$(id -u)" != 0 ]; then
