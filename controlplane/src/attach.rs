@@ -179,8 +179,8 @@ struct Session {
     /// roced's end of its asynchronous event socket, made at Hello.
     events: Option<OwnedFd>,
     /// Its QPs' and CQs' fault flags: the event a fault raises, what it names (the QP number,
-    /// the CQ's number in the session), the flag, and whether the fault was told.
-    faults: Vec<(verbs::event::EventKind, u32, Fault, bool)>,
+    /// the CQ's number in the session), and the flag.
+    faults: Vec<(EventKind, u32, Fault)>,
     /// Port 0's link as last seen (None before the first look).
     link: Option<bool>,
 }
@@ -275,26 +275,28 @@ impl Session {
     /// `IBV_EVENT_PORT_ACTIVE`). An event the socket has no room for is dropped (logged): an
     /// application that never reads them does not hold roced up.
     fn watch(&mut self, st: &ApiState) {
-        use verbs::event::Event;
         let Some(fd) = &self.events else { return };
-        let mut out = Vec::new();
-        for (kind, element, f, told) in &mut self.faults {
-            if !*told && f.load(Ordering::Acquire) {
-                *told = true;
+        let pid = self.pid;
+        let tell = |kind, element| {
+            let e = verbs::event::Event { kind, element };
+            if !verbs::event::post(fd, e) {
+                tracing::warn!(pid, event = ?kind, "application's event socket full: event dropped");
+            }
+        };
+        // The lcore sets a flag once; taking it tells the fault once.
+        for (kind, element, f) in &self.faults {
+            if f.swap(false, Ordering::AcqRel) {
+                let what = if *kind == EventKind::QpFatal {
+                    "QP"
+                } else {
+                    "CQ"
+                };
                 tracing::warn!(
-                    pid = self.pid,
-                    element = *element,
-                    "application {} in error: its rings are corrupt",
-                    if *kind == EventKind::QpFatal {
-                        "QP"
-                    } else {
-                        "CQ"
-                    }
+                    pid,
+                    element,
+                    "application {what} in error: its rings are corrupt"
                 );
-                out.push(Event {
-                    kind: *kind,
-                    element: *element,
-                });
+                tell(*kind, *element);
             }
         }
         let up = st
@@ -305,21 +307,14 @@ impl Session {
             .and_then(|p| p["link_up"].as_bool());
         if let Some(up) = up {
             if self.link.is_some_and(|l| l != up) {
-                out.push(Event {
-                    kind: if up {
-                        EventKind::PortActive
-                    } else {
-                        EventKind::PortErr
-                    },
-                    element: 1,
-                });
+                let kind = if up {
+                    EventKind::PortActive
+                } else {
+                    EventKind::PortErr
+                };
+                tell(kind, 1);
             }
             self.link = Some(up);
-        }
-        for e in out {
-            if !verbs::event::post(fd, e) {
-                tracing::warn!(pid = self.pid, event = ?e.kind, "application's event socket full: event dropped");
-            }
         }
     }
 
@@ -504,7 +499,7 @@ impl Session {
                 let cq = self.next_cq;
                 self.next_cq += 1;
                 self.cqs.insert(cq, (lcore, n));
-                self.faults.push((EventKind::CqErr, cq, fault, false));
+                self.faults.push((EventKind::CqErr, cq, fault));
                 let fd = mem
                     .fd()
                     .try_clone_to_owned()
@@ -653,7 +648,7 @@ impl Session {
                     }
                 };
                 self.qps.push(qpn);
-                self.faults.push((EventKind::QpFatal, qpn, fault, false));
+                self.faults.push((EventKind::QpFatal, qpn, fault));
                 Ok((
                     Reply::Qp {
                         qpn,

@@ -277,7 +277,8 @@ struct HeapPair {
     qa_cq: Cq,
     qb_cq: Cq,
     ca: Context,
-    cb: Context,
+    /// B's attachment, kept while its QP and region are used.
+    _cb: Context,
     ma: Vec<u8>,
     mb: Vec<u8>,
     pa: u32,
@@ -319,13 +320,125 @@ fn heap_pair(n: &Cluster, tag: &str, len: usize, mtu: u32) -> HeapPair {
         qa_cq,
         qb_cq,
         ca,
-        cb,
+        _cb: cb,
         ma,
         mb,
         pa,
         la,
         lb,
         rb,
+    }
+}
+
+impl HeapPair {
+    /// A WRITE of `want` from A's `lkey` at `addr` into B's memory at `at`: completed, and
+    /// checked byte for byte on B.
+    fn write_from(
+        &mut self,
+        n: &Cluster,
+        id: u64,
+        (lkey, addr): (u32, u64),
+        at: usize,
+        want: &[u8],
+        what: &str,
+    ) {
+        let ab = self.mb.as_ptr() as u64 + at as u64;
+        let w = wqe(
+            id,
+            WrOpcode::Write,
+            lkey,
+            addr,
+            want.len() as u32,
+            ab,
+            self.rb,
+        );
+        assert!(self.qa.post_send(&w).unwrap());
+        ok(wait_one(&mut self.qa_cq), id, what);
+        same(
+            n,
+            &read(self.mb.as_ptr().wrapping_add(at), want.len()),
+            want,
+            what,
+        );
+    }
+
+    /// A WRITE of `len` bytes of pattern `seed` from A's memory at `at` into B's at `at`.
+    fn write_checked(
+        &mut self,
+        n: &Cluster,
+        id: u64,
+        at: usize,
+        len: usize,
+        seed: u32,
+        what: &str,
+    ) {
+        let d = pattern(len, seed);
+        self.ma[at..at + len].copy_from_slice(&d);
+        let from = (self.la, self.ma.as_ptr() as u64 + at as u64);
+        self.write_from(n, id, from, at, &d, what);
+    }
+
+    /// A READ of `len` bytes of pattern `seed` from B's memory at `at` into A's at `at`:
+    /// completed, and checked byte for byte on A.
+    fn read_checked(&mut self, n: &Cluster, id: u64, at: usize, len: usize, seed: u32, what: &str) {
+        let d = pattern(len, seed);
+        self.mb[at..at + len].copy_from_slice(&d);
+        let (aa, ab) = (self.ma.as_ptr() as u64, self.mb.as_ptr() as u64);
+        let r = wqe(
+            id,
+            WrOpcode::Read,
+            self.la,
+            aa + at as u64,
+            len as u32,
+            ab + at as u64,
+            self.rb,
+        );
+        assert!(self.qa.post_send(&r).unwrap());
+        ok(wait_one(&mut self.qa_cq), id, what);
+        same(n, &read(self.ma.as_ptr().wrapping_add(at), len), &d, what);
+    }
+
+    /// A SEND (with immediate data `imm`, if given) of `len` bytes of pattern `seed` from A's
+    /// memory at `at` into a receive `recv_id` B posted at its `at`: both completed, the bytes
+    /// checked on B; the receive's completion.
+    #[allow(clippy::too_many_arguments)]
+    fn send_checked(
+        &mut self,
+        n: &Cluster,
+        (id, recv_id): (u64, u64),
+        at: usize,
+        len: usize,
+        seed: u32,
+        imm: Option<u32>,
+        what: &str,
+    ) -> Cqe {
+        let d = pattern(len, seed);
+        self.ma[at..at + len].copy_from_slice(&d);
+        let (aa, ab) = (self.ma.as_ptr() as u64, self.mb.as_ptr() as u64);
+        let recv = abi::RecvWqe {
+            wr_id: recv_id,
+            sg: [abi::Sge {
+                addr: ab + at as u64,
+                length: len as u32,
+                lkey: self.lb,
+            }]
+            .into_iter()
+            .collect(),
+        };
+        assert!(self.qb.post_recv(&recv).unwrap());
+        let op = if imm.is_some() {
+            WrOpcode::SendWithImm
+        } else {
+            WrOpcode::Send
+        };
+        let mut w = wqe(id, op, self.la, aa + at as u64, len as u32, 0, 0);
+        w.imm = imm.unwrap_or(0);
+        assert!(self.qa.post_send(&w).unwrap());
+        ok(wait_one(&mut self.qa_cq), id, what);
+        let c = wait_one(&mut self.qb_cq);
+        ok(c, recv_id, "receive");
+        same(n, &read(self.mb.as_ptr().wrapping_add(at), len), &d, what);
+        c
     }
 }
 
@@ -355,120 +468,54 @@ fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
     }
     // Ordinary heap memory on both sides, registered where it lies.
     const LEN: usize = 512 << 10;
-    let HeapPair {
-        mut qa,
-        mut qb,
-        mut qa_cq,
-        mut qb_cq,
-        ca,
-        cb,
-        mut ma,
-        mut mb,
-        la,
-        lb,
-        rb,
-        ..
-    } = heap_pair(&n, "attachloss", LEN, 1024);
-    let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
+    let mut p = heap_pair(&n, "attachloss", LEN, 1024);
+    let (aa, ab) = (p.ma.as_ptr() as u64, p.mb.as_ptr() as u64);
 
     // WRITE: 256 KiB of a pattern from A into B (256 packets at MTU 1024).
-    let pat = pattern(256 << 10, 3);
-    ma[..pat.len()].copy_from_slice(&pat);
-    let w = wqe(1, WrOpcode::Write, la, aa, pat.len() as u32, ab, rb);
-    assert!(qa.post_send(&w).unwrap());
-    ok(wait_one(&mut qa_cq), 1, "WRITE");
-    same(
-        &n,
-        &read(mb.as_ptr(), pat.len()),
-        &pat,
-        "WRITE over 1 % loss",
-    );
-
+    p.write_checked(&n, 1, 0, 256 << 10, 3, "WRITE over 1 % loss");
     // READ: 128 KiB of another pattern from B back into A.
-    let pat2 = pattern(128 << 10, 11);
-    mb[300 << 10..(300 << 10) + pat2.len()].copy_from_slice(&pat2);
-    let r = wqe(
-        2,
-        WrOpcode::Read,
-        la,
-        aa + (300 << 10),
-        pat2.len() as u32,
-        ab + (300 << 10),
-        rb,
-    );
-    assert!(qa.post_send(&r).unwrap());
-    ok(wait_one(&mut qa_cq), 2, "READ");
-    same(
-        &n,
-        &read(ma.as_ptr().wrapping_add(300 << 10), pat2.len()),
-        &pat2,
-        "READ over 1 % loss",
-    );
-
+    p.read_checked(&n, 2, 300 << 10, 128 << 10, 11, "READ over 1 % loss");
     // SEND with immediate data: 64 KiB into a receive B posted.
-    let pat3 = pattern(64 << 10, 17);
-    ma[448 << 10..(448 << 10) + pat3.len()].copy_from_slice(&pat3);
-    let recv = abi::RecvWqe {
-        wr_id: 7,
-        sg: [abi::Sge {
-            addr: ab + (448 << 10),
-            length: 64 << 10,
-            lkey: lb,
-        }]
-        .into_iter()
-        .collect(),
-    };
-    assert!(qb.post_recv(&recv).unwrap());
-    let mut s = wqe(
-        3,
-        WrOpcode::SendWithImm,
-        la,
-        aa + (448 << 10),
-        pat3.len() as u32,
-        0,
-        0,
+    let imm = Some(0xfeed_beef);
+    let c = p.send_checked(
+        &n,
+        (3, 7),
+        448 << 10,
+        64 << 10,
+        17,
+        imm,
+        "SEND over 1 % loss",
     );
-    s.imm = 0xfeed_beef;
-    assert!(qa.post_send(&s).unwrap());
-    ok(wait_one(&mut qa_cq), 3, "SEND");
-    let c = wait_one(&mut qb_cq);
-    ok(c, 7, "receive");
     assert_eq!(
         (c.byte_len, c.imm, c.flags & 2),
         (64 << 10, 0xfeed_beef, 2),
         "{c:?}"
     );
-    same(
-        &n,
-        &read(mb.as_ptr().wrapping_add(448 << 10), pat3.len()),
-        &pat3,
-        "SEND over 1 % loss",
-    );
 
     // Atomics on a word of B, results into A: fetch-and-add, then a compare-and-swap that
     // matches and one that does not.
     let word = ab + (510 << 10);
-    mb[510 << 10..(510 << 10) + 8].copy_from_slice(&100u64.to_le_bytes());
+    p.mb[510 << 10..(510 << 10) + 8].copy_from_slice(&100u64.to_le_bytes());
     let res = aa + (509 << 10);
     let u64_at = |p: *const u8| {
         let b: [u8; 8] = read(p, 8).try_into().unwrap();
         u64::from_le_bytes(b)
     };
-    let mut fa = wqe(4, WrOpcode::FetchAdd, la, res, 8, word, rb);
+    let mut fa = wqe(4, WrOpcode::FetchAdd, p.la, res, 8, word, p.rb);
     fa.compare_add = 23;
-    assert!(qa.post_send(&fa).unwrap());
-    ok(wait_one(&mut qa_cq), 4, "fetch-and-add");
+    assert!(p.qa.post_send(&fa).unwrap());
+    ok(wait_one(&mut p.qa_cq), 4, "fetch-and-add");
     let (rp, wp) = (
-        ma.as_ptr().wrapping_add(509 << 10),
-        mb.as_ptr().wrapping_add(510 << 10),
+        p.ma.as_ptr().wrapping_add(509 << 10),
+        p.mb.as_ptr().wrapping_add(510 << 10),
     );
     assert_eq!((u64_at(rp), u64_at(wp)), (100, 123), "fetch-and-add");
     for (id, compare, old, now) in [(5, 123, 123, 7), (6, 123, 7, 7)] {
-        let mut cs = wqe(id, WrOpcode::CmpSwap, la, res, 8, word, rb);
+        let mut cs = wqe(id, WrOpcode::CmpSwap, p.la, res, 8, word, p.rb);
         cs.compare_add = compare;
         cs.swap = 7;
-        assert!(qa.post_send(&cs).unwrap());
-        ok(wait_one(&mut qa_cq), id, "compare-and-swap");
+        assert!(p.qa.post_send(&cs).unwrap());
+        ok(wait_one(&mut p.qa_cq), id, "compare-and-swap");
         assert_eq!(
             (u64_at(rp), u64_at(wp)),
             (old, now),
@@ -476,7 +523,7 @@ fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
         );
     }
     // The loss happened: retransmissions on A's QP (requests or READ responses lost).
-    let (_, q) = n.api[0].get(&format!("/v1/qps/{}", qa.qpn));
+    let (_, q) = n.api[0].get(&format!("/v1/qps/{}", p.qa.qpn));
     let c = &q["counters"];
     let recovered = [
         "packet_seq_err",
@@ -487,8 +534,7 @@ fn two_applications_move_known_patterns_over_a_lossy_link_every_byte_checked() {
     .map(|k| c[k].as_u64().unwrap_or(0))
     .sum::<u64>();
     assert!(recovered > 0, "no loss was recovered from: {c}");
-    drop((qa, qb, qa_cq, qb_cq, ca, cb));
-    drop((ma, mb));
+    drop(p);
 }
 
 /// xorshift64*: the fuzz's one source of randomness, seeded so that a failure repeats
@@ -937,21 +983,7 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
     const LEN: usize = 1 << 20;
     // Heap memory on both sides, registered where it lies; at MTU 4096 its full segments are
     // large enough to leave attached.
-    let HeapPair {
-        mut qa,
-        mut qb,
-        mut qa_cq,
-        mut qb_cq,
-        ca,
-        cb,
-        mut ma,
-        mut mb,
-        pa,
-        la,
-        lb,
-        rb,
-    } = heap_pair(&n, "attachzc", LEN, 4096);
-    let (aa, ab) = (ma.as_ptr() as u64, mb.as_ptr() as u64);
+    let mut p = heap_pair(&n, "attachzc", LEN, 4096);
     for api in &n.api {
         assert_eq!(
             metric(api, "ferroce_app_zero_copy_areas"),
@@ -964,68 +996,12 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
     let (a0, b0) = (attached(&n.api[0]), attached(&n.api[1]));
 
     // WRITE of 64 KiB from A's memory into B's: 16 frames, each carrying its 4 KiB attached.
-    let w1 = pattern(64 << 10, 5);
-    ma[..w1.len()].copy_from_slice(&w1);
-    let w = wqe(1, WrOpcode::Write, la, aa, w1.len() as u32, ab, rb);
-    assert!(qa.post_send(&w).unwrap());
-    ok(wait_one(&mut qa_cq), 1, "WRITE");
-    same(&n, &read(mb.as_ptr(), w1.len()), &w1, "WRITE of 64 KiB");
-
+    p.write_checked(&n, 1, 0, 64 << 10, 5, "WRITE of 64 KiB");
     // SEND of 64 KiB into a receive B posted.
-    let s1 = pattern(64 << 10, 6);
-    ma[128 << 10..(128 << 10) + s1.len()].copy_from_slice(&s1);
-    let recv = abi::RecvWqe {
-        wr_id: 9,
-        sg: [abi::Sge {
-            addr: ab + (128 << 10),
-            length: 64 << 10,
-            lkey: lb,
-        }]
-        .into_iter()
-        .collect(),
-    };
-    assert!(qb.post_recv(&recv).unwrap());
-    let s = wqe(
-        2,
-        WrOpcode::Send,
-        la,
-        aa + (128 << 10),
-        s1.len() as u32,
-        0,
-        0,
-    );
-    assert!(qa.post_send(&s).unwrap());
-    ok(wait_one(&mut qa_cq), 2, "SEND");
-    let c = wait_one(&mut qb_cq);
-    ok(c, 9, "receive");
+    let c = p.send_checked(&n, (2, 9), 128 << 10, 64 << 10, 6, None, "SEND of 64 KiB");
     assert_eq!(c.byte_len, 64 << 10, "{c:?}");
-    same(
-        &n,
-        &read(mb.as_ptr().wrapping_add(128 << 10), s1.len()),
-        &s1,
-        "SEND of 64 KiB",
-    );
-
     // READ of 64 KiB: B's responses carry B's memory attached.
-    let r1 = pattern(64 << 10, 7);
-    mb[256 << 10..(256 << 10) + r1.len()].copy_from_slice(&r1);
-    let r = wqe(
-        3,
-        WrOpcode::Read,
-        la,
-        aa + (256 << 10),
-        r1.len() as u32,
-        ab + (256 << 10),
-        rb,
-    );
-    assert!(qa.post_send(&r).unwrap());
-    ok(wait_one(&mut qa_cq), 3, "READ");
-    same(
-        &n,
-        &read(ma.as_ptr().wrapping_add(256 << 10), r1.len()),
-        &r1,
-        "READ of 64 KiB",
-    );
+    p.read_checked(&n, 3, 256 << 10, 64 << 10, 7, "READ of 64 KiB");
     let a1 = metric_until(&n.api[0], "ferroce_tx_attached_pkts_total", |v| {
         v >= a0 + 32
     });
@@ -1048,7 +1024,7 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
         .enumerate()
         .map(|(i, m)| {
             m.write(0, &pattern(8 << 10, 100 + i as u32)).unwrap();
-            ca.reg_mr(pa, m, 0xf).unwrap().0
+            p.ca.reg_mr(p.pa, m, 0xf).unwrap().0
         })
         .collect();
     let areas = metric(&n.api[0], "ferroce_app_zero_copy_areas");
@@ -1060,24 +1036,9 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
     );
     // From the first of them (registered) and the last (copied), every byte checked.
     for (id, i) in [(10, 0), (11, extra.len() - 1)] {
-        let at = 512 << 10;
-        let w = wqe(
-            id,
-            WrOpcode::Write,
-            keys[i],
-            extra[i].addr(),
-            8 << 10,
-            ab + at,
-            rb,
-        );
-        assert!(qa.post_send(&w).unwrap());
-        ok(wait_one(&mut qa_cq), id, "WRITE from an extra region");
-        same(
-            &n,
-            &read(mb.as_ptr().wrapping_add(at as usize), 8 << 10),
-            &pattern(8 << 10, 100 + i as u32),
-            &format!("WRITE from extra region {i}"),
-        );
+        let want = pattern(8 << 10, 100 + i as u32);
+        let what = format!("WRITE from extra region {i}");
+        p.write_from(&n, id, (keys[i], extra[i].addr()), 512 << 10, &want, &what);
     }
     // Huge pages (MAP_HUGETLB) registered where they lie stay huge pages, in this process
     // and in roced, and a WRITE from them lands byte for byte.
@@ -1099,7 +1060,7 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
     // SAFETY: inside the mapping, ours alone.
     unsafe { core::ptr::copy_nonoverlapping(hpat.as_ptr(), hp.add(4096), hpat.len()) };
     // SAFETY: our mapping, which outlives the region (deregistered below).
-    let (hk, _) = unsafe { ca.reg_mr_at(pa, hp as usize + 4096, hpat.len(), 0xf) }.unwrap();
+    let (hk, _) = unsafe { p.ca.reg_mr_at(p.pa, hp as usize + 4096, hpat.len(), 0xf) }.unwrap();
     let here = mappings(std::process::id());
     let mine = here
         .iter()
@@ -1116,41 +1077,26 @@ fn application_memory_leaves_in_frames_attached_and_regions_past_dpdks_room_are_
             .any(|m| m.2.contains("ferroce-mr") && m.3 == 2048),
         "roced maps the region's huge pages"
     );
-    let at = 640 << 10;
-    let w = wqe(
-        12,
-        WrOpcode::Write,
-        hk,
-        hp as u64 + 4096,
-        hpat.len() as u32,
-        ab + at,
-        rb,
-    );
-    assert!(qa.post_send(&w).unwrap());
-    ok(wait_one(&mut qa_cq), 12, "WRITE from huge pages");
-    same(
-        &n,
-        &read(mb.as_ptr().wrapping_add(at as usize), hpat.len()),
-        &hpat,
-        "WRITE from huge pages",
-    );
-    ca.dereg_mr(hk).unwrap();
+    let from = (hk, hp as u64 + 4096);
+    p.write_from(&n, 12, from, 640 << 10, &hpat, "WRITE from huge pages");
+    p.ca.dereg_mr(hk).unwrap();
+    // SAFETY: our mapping, unmapped once; its region is gone.
+    unsafe { libc::munmap(hp.cast(), HUGE) };
 
     // Deregistered, they leave DPDK's lists; the first region stays.
     for k in keys {
-        ca.dereg_mr(k).unwrap();
+        p.ca.dereg_mr(k).unwrap();
     }
     let left = metric_until(&n.api[0], "ferroce_app_zero_copy_areas", |v| v == 1);
     assert_eq!(left, 1, "deregistered regions stayed registered with DPDK");
 
     // When the applications go, so do their registrations.
-    drop((qa, qb, qa_cq, qb_cq, ca, cb));
+    drop(p);
     for api in &n.api {
         let left = metric_until(api, "ferroce_app_zero_copy_areas", |v| v == 0);
         assert_eq!(left, 0, "a detached application's memory stayed registered");
         assert_eq!(metric(api, "ferroce_app_zero_copy_bytes"), 0);
     }
-    drop((ma, mb));
     n.stop();
 }
 

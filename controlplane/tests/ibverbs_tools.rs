@@ -261,6 +261,26 @@ fn qps(api: &Api) -> usize {
     v.as_array().map_or(0, Vec::len)
 }
 
+/// Waits until node `api` has no QP, at most a second after `since`.
+fn no_qps_within_a_second(api: &Api, since: Instant, what: &str) {
+    while qps(api) > 0 {
+        assert!(since.elapsed() < Duration::from_secs(1), "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A 30-second `ib_write_bw` stream from A to B on TCP `port`: (server on B, client on A).
+fn write_stream(socks: &[String; 2], port: u16) -> (Child, Child) {
+    let p = port.to_string();
+    let args = ["-x", "1", "-D", "30", "-p", &p];
+    let server = tool("ib_write_bw", &socks[1], &args).spawn().unwrap();
+    wait_listening(port, "ib_write_bw -D 30");
+    let mut to = args.to_vec();
+    to.push("127.0.0.1");
+    let client = tool("ib_write_bw", &socks[0], &to).spawn().unwrap();
+    (server, client)
+}
+
 #[test]
 fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
     let mut n = memif_nodes("ibvkill", 7652);
@@ -270,21 +290,7 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         format!("/run/ferroce/ferroce-ribvkill-b-{pid}.sock"),
     ];
     // A WRITE stream from A for longer than the test waits.
-    let server = tool(
-        "ib_write_bw",
-        &socks[1],
-        &["-x", "1", "-D", "30", "-p", "19901"],
-    )
-    .spawn()
-    .unwrap();
-    wait_listening(19901, "ib_write_bw -D 30");
-    let mut client = tool(
-        "ib_write_bw",
-        &socks[0],
-        &["-x", "1", "-D", "30", "-p", "19901", "127.0.0.1"],
-    )
-    .spawn()
-    .unwrap();
+    let (server, mut client) = write_stream(&socks, 19901);
     let t = Instant::now();
     while qps(&n.api[0]) == 0 {
         assert!(
@@ -375,13 +381,11 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
     client.kill().unwrap();
     let killed = Instant::now();
     let _ = client.wait();
-    while qps(&n.api[0]) > 0 {
-        assert!(
-            killed.elapsed() < Duration::from_secs(1),
-            "the killed process's QP outlived it by a second"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    no_qps_within_a_second(
+        &n.api[0],
+        killed,
+        "the killed process's QP outlived it by a second",
+    );
     while gauge(&n.api[0], "ferroce_app_zero_copy_areas") != Some(0) {
         assert!(
             killed.elapsed() < Duration::from_secs(1),
@@ -410,30 +414,12 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
         "the peer of the killed stream",
     );
     assert!(!s.status.success(), "the peer did not notice: {}", text(&s));
-    let t = Instant::now();
-    while qps(&n.api[1]) > 0 {
-        assert!(t.elapsed() < Duration::from_secs(1), "the peer's QP stayed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    no_qps_within_a_second(&n.api[1], Instant::now(), "the peer's QP stayed");
     // Now the receiving end dies mid-stream (the server on B): B destroys its QP within a
     // second, and the sender on A, whose WRITEs reach no QP any more, has its QP in error
     // within perftest's retry window (timeout 14, 67 ms, times 1 + 7 retries: about 0.5 s)
     // and exits with the completion's error.
-    let mut server = tool(
-        "ib_write_bw",
-        &socks[1],
-        &["-x", "1", "-D", "30", "-p", "19904"],
-    )
-    .spawn()
-    .unwrap();
-    wait_listening(19904, "ib_write_bw -D 30 (second stream)");
-    let sender = tool(
-        "ib_write_bw",
-        &socks[0],
-        &["-x", "1", "-D", "30", "-p", "19904", "127.0.0.1"],
-    )
-    .spawn()
-    .unwrap();
+    let (mut server, sender) = write_stream(&socks, 19904);
     let t = Instant::now();
     while qps(&n.api[0]) == 0 || qps(&n.api[1]) == 0 {
         assert!(
@@ -446,13 +432,11 @@ fn a_tool_killed_mid_stream_loses_its_resources_and_no_one_else_notices() {
     server.kill().unwrap();
     let killed = Instant::now();
     let _ = server.wait();
-    while qps(&n.api[1]) > 0 {
-        assert!(
-            killed.elapsed() < Duration::from_secs(1),
-            "the killed receiver's QP outlived it by a second"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    no_qps_within_a_second(
+        &n.api[1],
+        killed,
+        "the killed receiver's QP outlived it by a second",
+    );
     let s = wait_output(
         sender,
         Duration::from_secs(10),
