@@ -89,12 +89,49 @@ pub enum Mode {
     Macswap,
 }
 
+/// `dataplane.lcores`: the worker lcores' CPUs, or "auto".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lcores {
+    /// One worker per CPU listed.
+    Cpus(Vec<usize>),
+    /// The CPUs roced may run on (its affinity: a Kubernetes static CPU manager's or a
+    /// container's cpuset): the first for the main lcore and the control plane, a worker on
+    /// each of the others.
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for Lcores {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Lcores;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of CPUs like [1, 2], or \"auto\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Lcores, E> {
+                match s {
+                    "auto" => Ok(Lcores::Auto),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(s), &self)),
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Lcores, A::Error> {
+                let mut v = Vec::new();
+                while let Some(c) = a.next_element()? {
+                    v.push(c);
+                }
+                Ok(Lcores::Cpus(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `[dataplane]`
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataplaneSection {
-    /// CPUs of the worker lcores, one worker per entry.
-    pub lcores: Vec<usize>,
+    /// CPUs of the worker lcores, one worker per entry, or "auto".
+    pub lcores: Lcores,
     /// CPUs the control thread may use (default: all).
     pub control_cpus: Vec<usize>,
     /// Mbufs in the pool.
@@ -113,7 +150,7 @@ pub struct DataplaneSection {
 impl Default for DataplaneSection {
     fn default() -> Self {
         DataplaneSection {
-            lcores: vec![1],
+            lcores: Lcores::Cpus(vec![1]),
             control_cpus: vec![],
             mbufs: 16383,
             descriptors: 1024,
@@ -180,6 +217,9 @@ pub struct ApiSection {
     /// A bearer token every request but `/v1/health` must carry (`Authorization: Bearer
     /// TOKEN`); empty for none. Set one before listening beyond loopback.
     pub token: String,
+    /// A file holding the token instead (a Kubernetes Secret or systemd credential mounted as a
+    /// file; one trailing newline is dropped): keeps the token out of the config.
+    pub token_file: String,
 }
 
 impl Default for ApiSection {
@@ -187,6 +227,7 @@ impl Default for ApiSection {
         ApiSection {
             listen: "127.0.0.1:7470".into(),
             token: String::new(),
+            token_file: String::new(),
         }
     }
 }
@@ -401,36 +442,61 @@ impl Config {
 
     /// Checks everything that can be checked before starting, and builds the plan.
     pub fn plan(&self) -> Result<Plan, ConfigError> {
-        let ncpu = dataplane::dpdk::num_cpus();
+        let cpus = dataplane::dpdk::allowed_cpus();
         let dp = &self.dataplane;
-        if dp.lcores.is_empty() {
+        let (lcores, control_cpus) = match &dp.lcores {
+            Lcores::Cpus(v) => (v.clone(), dp.control_cpus.clone()),
+            Lcores::Auto if cpus.len() < 2 => {
+                return Err(field(
+                    "dataplane.lcores",
+                    format!(
+                        "\"auto\" needs two CPUs or more (the first for the control plane, a \
+                         worker on each other one); roced may use CPUs {}",
+                        cpu_list(&cpus)
+                    ),
+                ));
+            }
+            Lcores::Auto if dp.control_cpus.is_empty() => (cpus[1..].to_vec(), vec![cpus[0]]),
+            Lcores::Auto => (
+                cpus.iter()
+                    .copied()
+                    .filter(|c| !dp.control_cpus.contains(c))
+                    .collect(),
+                dp.control_cpus.clone(),
+            ),
+        };
+        if lcores.is_empty() {
             return Err(field(
                 "dataplane.lcores",
                 "at least one worker CPU is needed, like [1]",
             ));
         }
-        for (i, c) in dp.lcores.iter().enumerate() {
-            if *c >= ncpu {
+        for (i, c) in lcores.iter().enumerate() {
+            if !cpus.contains(c) {
                 return Err(field(
                     format!("dataplane.lcores[{i}]"),
                     format!(
-                        "CPU {c} does not exist: this machine has CPUs 0 to {}",
-                        ncpu - 1
+                        "CPU {c} is not one roced may run on: it may use CPUs {} (the machine's, \
+                         less what a container's cpuset, taskset or CPUAffinity takes away)",
+                        cpu_list(&cpus)
                     ),
                 ));
             }
-            if let Some(j) = dp.lcores[..i].iter().position(|d| d == c) {
+            if let Some(j) = lcores[..i].iter().position(|d| d == c) {
                 return Err(field(
                     format!("dataplane.lcores[{i}]"),
                     format!("CPU {c} is already worker lcore {j}: worker lcores must not overlap"),
                 ));
             }
         }
-        for (i, c) in dp.control_cpus.iter().enumerate() {
-            if *c >= ncpu {
+        for (i, c) in control_cpus.iter().enumerate() {
+            if !cpus.contains(c) {
                 return Err(field(
                     format!("dataplane.control_cpus[{i}]"),
-                    format!("CPU {c} does not exist"),
+                    format!(
+                        "CPU {c} is not one roced may run on: it may use CPUs {}",
+                        cpu_list(&cpus)
+                    ),
                 ));
             }
         }
@@ -599,8 +665,8 @@ impl Config {
             in_memory: e.in_memory,
             hugepages: e.hugepages,
             memory_mb: e.memory_mb,
-            worker_cpus: dp.lcores.clone(),
-            main_cpus: dp.control_cpus.clone(),
+            worker_cpus: lcores,
+            main_cpus: control_cpus,
             log_level: e.log_level.clone(),
         };
         let api = match self.api.listen.as_str() {
@@ -651,16 +717,7 @@ impl Config {
             mbufs: dp.mbufs,
             descriptors: dp.descriptors,
             api,
-            api_token: match self.api.token.as_str() {
-                "" => None,
-                t if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) => {
-                    return Err(field(
-                        "api.token",
-                        "a token is at least 16 characters, without spaces or control characters",
-                    ));
-                }
-                t => Some(t.to_string()),
-            },
+            api_token: self.api_token()?,
             idle_sleep: match dp.idle_sleep_us {
                 0 => None,
                 us if us > 100_000 => {
@@ -672,6 +729,38 @@ impl Config {
                 us => Some(std::time::Duration::from_micros(us as u64)),
             },
         })
+    }
+}
+
+impl Config {
+    /// `[api] token` or the contents of `token_file`, checked.
+    fn api_token(&self) -> Result<Option<String>, ConfigError> {
+        let (name, t) = match (self.api.token.as_str(), self.api.token_file.as_str()) {
+            ("", "") => return Ok(None),
+            (t, "") => ("api.token", t.to_string()),
+            ("", path) => {
+                let t = std::fs::read_to_string(path)
+                    .map_err(|e| field("api.token_file", format!("cannot read {path}: {e}")))?;
+                let t = t.strip_suffix('\n').unwrap_or(&t);
+                (
+                    "api.token_file",
+                    t.strip_suffix('\r').unwrap_or(t).to_string(),
+                )
+            }
+            _ => {
+                return Err(field(
+                    "api.token_file",
+                    "give api.token or api.token_file, not both",
+                ));
+            }
+        };
+        if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(field(
+                name,
+                "a token is at least 16 characters, without spaces or control characters",
+            ));
+        }
+        Ok(Some(t))
     }
 }
 
@@ -698,8 +787,9 @@ fn check_device(name: &str, dev: &str) -> Result<String, ConfigError> {
             ));
         }
         if !dataplane::dpdk::PMD_DIR.is_empty() {
+            // EAL loads `.so` (libdpdk-dev's links) and `.so.23` (the runtime packages').
             let lib = Path::new(dataplane::dpdk::PMD_DIR).join(format!("librte_{driver}.so"));
-            if !lib.exists() {
+            if !lib.exists() && !installed_net_drivers().contains(&driver) {
                 return Err(field(
                     name,
                     format!(
@@ -731,20 +821,44 @@ fn check_device(name: &str, dev: &str) -> Result<String, ConfigError> {
 }
 
 fn installed_net_drivers() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dataplane::dpdk::PMD_DIR)
+    net_drivers_in(Path::new(dataplane::dpdk::PMD_DIR))
+}
+
+/// The `net_*` drivers of a PMD directory, from either file name a package installs.
+fn net_drivers_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .filter_map(|e| {
                     let n = e.file_name().to_string_lossy().into_owned();
-                    n.strip_prefix("librte_net_")
-                        .and_then(|s| s.strip_suffix(".so"))
-                        .map(|s| format!("net_{s}"))
+                    let (stem, _abi) = n.split_once(".so")?;
+                    stem.strip_prefix("librte_net_").map(|s| format!("net_{s}"))
                 })
                 .collect()
         })
         .unwrap_or_default();
     v.sort();
+    v.dedup();
     v
+}
+
+/// CPUs as `taskset -c` lists them: "0-3,6".
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
 
 /// Hugepages must be reserved, free and mounted.
@@ -858,6 +972,107 @@ mod tests {
     }
 
     #[test]
+    fn the_token_comes_from_the_config_or_a_file() {
+        let d = std::env::temp_dir().join(format!("ferroce-token-{}", std::process::id()));
+        std::fs::write(&d, "0123456789abcdef-token\n").unwrap();
+        let with = |api: &str| {
+            let c = cfg(&format!("[api]\nlisten = \"127.0.0.1:7470\"\n{api}\n"));
+            Config::parse(&c, "t").unwrap().plan().map(|p| p.api_token)
+        };
+        let file = format!("token_file = {:?}", d.display().to_string());
+        assert_eq!(
+            with(&file).unwrap().as_deref(),
+            Some("0123456789abcdef-token")
+        );
+        assert_eq!(
+            with("token = \"0123456789abcdef-inline\"")
+                .unwrap()
+                .as_deref(),
+            Some("0123456789abcdef-inline")
+        );
+        let both = with(&format!("{file}\ntoken = \"0123456789abcdef-inline\"")).unwrap_err();
+        assert!(both.to_string().contains("not both"), "{both}");
+        std::fs::write(&d, "short\n").unwrap();
+        let short = with(&file).unwrap_err().to_string();
+        assert!(
+            short.contains("api.token_file") && short.contains("16 characters"),
+            "{short}"
+        );
+        std::fs::remove_file(&d).unwrap();
+        let gone = with(&file).unwrap_err().to_string();
+        assert!(gone.contains("cannot read"), "{gone}");
+        assert_eq!(with("").unwrap(), None);
+    }
+
+    #[test]
+    fn drivers_count_from_runtime_packages_and_dev_links() {
+        let d = std::env::temp_dir().join(format!("ferroce-pmds-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for f in [
+            "librte_net_memif.so.23",
+            "librte_net_memif.so.23.0",
+            "librte_net_null.so",
+            "librte_bus_vdev.so.23",
+        ] {
+            std::fs::write(d.join(f), b"").unwrap();
+        }
+        let v = net_drivers_in(&d);
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(v, ["net_memif", "net_null"]);
+    }
+
+    #[test]
+    fn lcores_are_checked_against_the_cpus_the_process_may_use() {
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
+        assert_eq!(cpu_list(&[1]), "1");
+        // A container pinned to one CPU (cpuset), as this thread is here: the affinity mask
+        // sched_getaffinity reads is the calling thread's.
+        let all = dataplane::dpdk::allowed_cpus();
+        let first = all[0];
+        // SAFETY: cpu_set_t is plain bits; the calls change only this thread's affinity.
+        let set = |cpus: &[usize]| unsafe {
+            let mut s: libc::cpu_set_t = std::mem::zeroed();
+            for &c in cpus {
+                libc::CPU_SET(c, &mut s);
+            }
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&s), &s), 0);
+        };
+        set(&[first]);
+        assert_eq!(dataplane::dpdk::allowed_cpus(), vec![first]);
+        let e = err(&cfg("").replace("lcores = [0]", &format!("lcores = [{}]", first + 1)));
+        let ok = cfg("").replace("lcores = [0]", &format!("lcores = [{first}]"));
+        let planned = Config::parse(&ok, "t").unwrap().plan();
+        let auto = cfg("").replace("lcores = [0]", "lcores = \"auto\"");
+        let auto_one = err(&auto);
+        set(&all);
+        let auto_all = Config::parse(&auto, "t").unwrap().plan();
+        assert!(
+            auto_one.contains("\"auto\" needs two CPUs or more")
+                && auto_one.contains(&format!("roced may use CPUs {first}")),
+            "{auto_one}"
+        );
+        if all.len() >= 2 {
+            let eal = auto_all.unwrap().eal;
+            assert_eq!(
+                (eal.worker_cpus, eal.main_cpus),
+                (all[1..].to_vec(), vec![first])
+            );
+        }
+        let bad = Config::parse(&cfg("").replace("lcores = [0]", "lcores = \"some\""), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("a list of CPUs like [1, 2], or \"auto\""),
+            "{bad}"
+        );
+        assert!(
+            e.contains("dataplane.lcores[0]") && e.contains(&format!("it may use CPUs {first} ")),
+            "{e}"
+        );
+        assert!(planned.is_ok(), "{planned:?}");
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let e = err(&cfg("").replace("net_null0", "net_nosuchdrv0"));
         assert!(
@@ -871,7 +1086,7 @@ mod tests {
         );
         let e = err(&cfg("").replace("lcores = [0]", "lcores = [999]"));
         assert!(
-            e.contains("dataplane.lcores[0]") && e.contains("does not exist"),
+            e.contains("dataplane.lcores[0]") && e.contains("CPU 999 is not one roced may run on"),
             "{e}"
         );
         let e = err(&cfg("").replace("10.0.0.1/24", "10.0.0.300/24"));

@@ -70,6 +70,9 @@ pub enum Cmd {
         #[command(subcommand)]
         verb: CqVerb,
     },
+    /// Is roced up: `GET /v1/health` (no token needed); exit status 0 when it answers "ok", for
+    /// container healthchecks and readiness probes.
+    Health,
     /// Per-lcore counters under the rxe/mlx5 names (sent_pkts, out_of_sequence, np_cnp_sent, ...).
     Stats,
     /// Applications attached to roced's attach socket (programs on libferroce_ibverbs or the

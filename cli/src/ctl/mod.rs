@@ -338,6 +338,17 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
             }
             v
         }
+        Cmd::Health => {
+            let v = c.call("GET", "/v1/health", None)?;
+            if v["status"] != "ok" {
+                return Err(Fail(1, format!("roced is not healthy: {v}")));
+            }
+            if !cli.json {
+                writeln!(out, "ok: {} lcores", v["lcores"]).map_err(io)?;
+                return Ok(0);
+            }
+            v
+        }
         Cmd::Stats => {
             let v = c.call("GET", "/v1/stats", None)?;
             if !cli.json {
@@ -573,12 +584,16 @@ mod tests {
 
     #[test]
     fn an_unreachable_roced_is_said_plainly() {
-        let (code, _, err) = run_str(&["--api", "127.0.0.1:1", "port", "show"]);
-        assert_eq!(code, 2);
-        assert!(
-            err.contains("cannot reach roced at http://127.0.0.1:1"),
-            "{err}"
-        );
+        for cmd in ["port show", "health"] {
+            let mut args = vec!["--api", "127.0.0.1:1"];
+            args.extend(cmd.split(' '));
+            let (code, _, err) = run_str(&args);
+            assert_eq!(code, 2, "{cmd}");
+            assert!(
+                err.contains("cannot reach roced at http://127.0.0.1:1"),
+                "{cmd}: {err}"
+            );
+        }
     }
 
     #[test]

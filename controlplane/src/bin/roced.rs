@@ -1,7 +1,7 @@
 //! roced: the ferroce RoCEv2 appliance daemon.
 
 use clap::Parser;
-use controlplane::config::{Config, DEFAULT_CONFIG, Mode};
+use controlplane::config::{Config, DEFAULT_CONFIG, Lcores, Mode};
 use controlplane::node::{self, RunOptions};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(2, &e.to_string()),
     };
     if let Some(l) = &args.lcores {
-        cfg.dataplane.lcores = l.clone();
+        cfg.dataplane.lcores = Lcores::Cpus(l.clone());
     }
     if let Some(p) = &args.file_prefix {
         cfg.eal.file_prefix = Some(p.clone());

@@ -49,7 +49,7 @@ impl EalArgs {
             let s: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
             format!("({})", s.join(","))
         };
-        let all: Vec<usize> = (0..num_cpus()).collect();
+        let all = allowed_cpus();
         let main = if self.main_cpus.is_empty() {
             &all
         } else {
@@ -93,11 +93,23 @@ impl EalArgs {
     }
 }
 
-/// Number of CPUs of this machine.
-pub fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+/// The CPUs this process may run on, in order: its affinity mask (what a container's cpuset,
+/// taskset or systemd's CPUAffinity leave it), not just how many the machine has. A container
+/// pinned to CPU 1 has `[1]`.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the calling thread's mask into `set`, at most its size.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        return (0..n).collect();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: c < CPU_SETSIZE, within the set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
 }
 
 /// The initialised EAL. Dropping it runs `rte_eal_cleanup` and removes the runtime directory,

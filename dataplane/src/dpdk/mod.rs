@@ -12,7 +12,7 @@ pub use extmem::{ZeroCopyStats, stats as zero_copy_stats};
 mod mbuf;
 
 pub use cable::MemifCable;
-pub use eal::{Eal, EalArgs, TscSource, launch, num_cpus, wait_all};
+pub use eal::{Eal, EalArgs, TscSource, allowed_cpus, launch, wait_all};
 pub use ethdev::{DpdkPort, DpdkQueue, LinkStatus, PortSetup, PortStats};
 pub use mbuf::{Mbuf, Mempool};
 
