@@ -3,7 +3,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build run test lint bench report interop clean
+.PHONY: setup build run test lint bench report interop compose compose-down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,11 @@ test: lint
 		rc=$$?; sed -n '1,/ passed, /p' target/interop.log; \
 		if [ $$rc -ne 0 ]; then cat target/interop.log; echo "make test: Soft-RoCE interop failed"; exit 1; fi
 	@echo "make test: Soft-RoCE interop passed; the tools' output is in target/interop.log"
+	@# The images, docker/compose.yaml and the dashboard (installs and starts Docker if needed).
+	@python3 tests/docker/run.py >target/docker.log 2>&1; \
+		rc=$$?; sed -n '/^== step timings/,$$p' target/docker.log; \
+		if [ $$rc -ne 0 ]; then cat target/docker.log; echo "make test: the container test failed"; exit 1; fi
+	@echo "make test: the container test passed; its output is in target/docker.log"
 
 # ferroce against Linux Soft-RoCE peers (QEMU VMs) with unmodified perftest, on the release build.
 interop: build
@@ -46,6 +51,19 @@ bench: build
 report: build
 	@mkdir -p bench/results
 	target/release/perf_report --report bench/results/$$(date +%Y-%m-%d).md
+
+# Two roced nodes, Prometheus and the demo job in containers (docker/compose.yaml), built
+# without a registry: Prometheus on http://127.0.0.1:19090, the APIs on 127.0.0.1:17470/17471.
+COMPOSE = FERROCE_BASE=ferroce/debian:bookworm-slim FERROCE_RUST=ferroce/rust:bookworm \
+	docker-compose -f docker/compose.yaml -p ferroce
+compose: setup
+	@bash scripts/docker-engine.sh start
+	@bash docker/base.sh
+	$(COMPOSE) up -d --build
+	@echo "the demo job's output: $(COMPOSE) logs demo; stop with make compose-down"
+
+compose-down:
+	$(COMPOSE) down -v
 
 clean:
 	$(CARGO) clean

@@ -7,7 +7,8 @@
 # and promtool for the /metrics tests (which start their own server on 127.0.0.1:7549; where
 # systemd runs, Debian also starts its packaged one on :9090, unused by ferroce), 2 MiB
 # hugepages reserved and hugetlbfs mounted
-# on /dev/hugepages. Idempotent.
+# on /dev/hugepages, and the Kubernetes schema checkers. Idempotent. (The container test,
+# tests/docker/run.py, installs and starts the Docker engine itself: scripts/docker-engine.sh.)
 set -euo pipefail
 
 PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev ibverbs-utils perftest gcc valgrind systemd)
@@ -38,6 +39,26 @@ fi
 if ! command -v schemathesis >/dev/null; then
   echo "setup: installing schemathesis"
   python3 -m pip install -q schemathesis 2>/dev/null || python3 -m pip install -q --break-system-packages schemathesis
+fi
+
+# The Kubernetes manifests' schema checks (controlplane/tests/deploy.rs): kubernetes-validate for
+# the API's own kinds, the Prometheus Operator's CRD schemas (npm; they declare Node 22 and run
+# on Debian's and this machine's older ones, as the test checks) for the ServiceMonitor.
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "setup: installing kubernetes-validate"
+  python3 -m pip install -q kubernetes-validate==1.37.0 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages kubernetes-validate==1.37.0
+fi
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing nodejs npm"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+NODE_DIR=/usr/local/lib/ferroce-node
+if [ ! -f "$NODE_DIR/node_modules/@kubernetes-models/prometheus-operator/package.json" ]; then
+  echo "setup: installing the Prometheus Operator's schemas in $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  npm install --loglevel=error --no-audit --no-fund --prefix "$NODE_DIR" \
+    @kubernetes-models/prometheus-operator@6.0.0 js-yaml@4.1.0 >/dev/null
 fi
 
 total=$(awk '/^HugePages_Total:/ {print $2}' /proc/meminfo)

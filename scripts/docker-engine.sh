@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The Docker engine for the container tests and `make compose` (root):
+#   docker-engine.sh start   installs Debian's docker.io, docker-compose and debootstrap when
+#                            missing, and starts dockerd unless an engine already answers;
+#                            prints "started PID" or "running" (someone else's engine: left alone)
+#   docker-engine.sh stop    stops the dockerd this script started (its pidfile), and only that one
+# The dockerd started here leaves the host's firewall and forwarding as they were
+# (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false): the veth, bridge and
+# Soft-RoCE VM tests share this host, and Docker's default rules (FORWARD policy DROP,
+# br_netfilter on bridged frames) would sit in their path. Containers still talk to each other on
+# their compose network and to the host through published ports (docker-proxy); image builds that
+# fetch packages run with --network host.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIDFILE=/run/ferroce-dockerd.pid
+LOG=${FERROCE_DOCKERD_LOG:-target/dockerd.log}
+
+case "${1:-}" in
+start)
+  missing=()
+  for p in docker.io docker-compose debootstrap; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "docker-engine: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if /usr/bin/docker info >/dev/null 2>&1; then
+    echo running
+    exit 0
+  fi
+  mkdir -p "$(dirname "$LOG")"
+  dockerd --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
+    --pidfile "$PIDFILE" >"$LOG" 2>&1 &
+  pid=$!
+  for _ in $(seq 150); do
+    if /usr/bin/docker info >/dev/null 2>&1; then
+      echo "started $pid"
+      exit 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "docker-engine: dockerd did not come up; its log ($LOG):" >&2
+  tail -20 "$LOG" >&2
+  kill "$pid" 2>/dev/null || true
+  exit 1
+  ;;
+stop)
+  [ -f "$PIDFILE" ] || exit 0
+  pid=$(cat "$PIDFILE")
+  kill "$pid" 2>/dev/null || exit 0
+  for _ in $(seq 150); do
+    kill -0 "$pid" 2>/dev/null || exit 0
+    sleep 0.2
+  done
+  echo "docker-engine: dockerd $pid still running after 30 s" >&2
+  exit 1
+  ;;
+*)
+  echo "usage: $0 start|stop" >&2
+  exit 2
+  ;;
+esac
