@@ -3,7 +3,8 @@
 #   docker-engine.sh start   installs Debian's docker.io, docker-compose and debootstrap when
 #                            missing, and starts dockerd unless an engine already answers;
 #                            prints "started PID" or "running" (someone else's engine: left alone)
-#   docker-engine.sh stop    stops the dockerd this script started (its pidfile), and only that one
+#   docker-engine.sh stop    stops the dockerd this script started (its pidfile), and only that
+#                            one, and removes the docker0 bridge it left
 # The dockerd started here leaves the host's firewall and forwarding as they were
 # (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false): the veth, bridge and
 # Soft-RoCE VM tests share this host, and Docker's default rules (FORWARD policy DROP,
@@ -53,7 +54,11 @@ stop)
   pid=$(cat "$PIDFILE")
   kill "$pid" 2>/dev/null || exit 0
   for _ in $(seq 150); do
-    kill -0 "$pid" 2>/dev/null || exit 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      # Its default bridge outlives it; the next start makes it again.
+      ip link delete docker0 2>/dev/null || true
+      exit 0
+    fi
     sleep 0.2
   done
   echo "docker-engine: dockerd $pid still running after 30 s" >&2
