@@ -13,18 +13,13 @@ fn verify(text: &str, tag: &str) -> (bool, String) {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(UNIT), text).unwrap();
-    let o = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(dir.join("roced@a.service"))
-        .output()
-        .expect("systemd-analyze (Debian's systemd package) runs");
-    let _ = std::fs::remove_dir_all(&dir);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+    let r = run_checker(
+        "systemd-analyze",
+        &["verify"],
+        &[dir.join("roced@a.service")],
     );
-    (o.status.success(), said)
+    let _ = std::fs::remove_dir_all(&dir);
+    r
 }
 
 #[test]

@@ -108,9 +108,10 @@ def main():
     started = None
     with step("Docker engine (scripts/docker-engine.sh start)"):
         out = run(["bash", "scripts/docker-engine.sh", "start"], capture=True).stdout.strip()
-        print(f"   {out}")
-        if out.startswith("started"):
-            started = out.split()[1]
+        print("   " + "\n   ".join(out.splitlines()))
+        last = out.splitlines()[-1]
+        if last.startswith("started"):
+            started = last.split()[1]
     try:
         test()
     finally:

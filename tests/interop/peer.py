@@ -199,7 +199,10 @@ class Lab:
             sh("ip netns del %s" % NS)
         sh("ip netns add %s" % NS)
         nsx("ip link set lo up")
-        nsx("ip link add fxbr0 type bridge stp_state 0 forward_delay 0")
+        # No netfilter on the bridge's frames, whatever the host's firewall and br_netfilter
+        # (a Docker engine's rules, say).
+        nsx("ip link add fxbr0 type bridge stp_state 0 forward_delay 0 "
+            "nf_call_iptables 0 nf_call_ip6tables 0 nf_call_arptables 0")
         nsx("ip link set fxbr0 mtu %d up" % self.mtu)
         for v, addr in (("fxd0", None), ("fxh0", HOST_IP + "/24")):
             nsx("ip link add %s type veth peer name %sbr" % (v, v))
