@@ -199,7 +199,17 @@ def test():
                            capture_output=True)
         assert r.returncode == 1 and "ferroce_rcvd_packets_total is not in /metrics" in r.stderr \
             and "'qp_state' is on none of ferroce_qps" in r.stderr, r.stderr
-        # Each query, with Grafana's variables filled in, is PromQL Prometheus evaluates.
+        # Each query, with Grafana's variables filled in, is PromQL Prometheus evaluates to
+        # series, once it has scraped both nodes a few times (rates need two samples).
+        deadline = time.monotonic() + 30
+        q = urllib.parse.quote('min(count_over_time(up{job="roced"}[1m]))')
+        while True:
+            v = http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/query?query={q}")
+            res = v["data"]["result"]
+            if res and float(res[0]["value"][1]) >= 4:
+                break
+            assert time.monotonic() < deadline, f"Prometheus scraped too few times: {v}"
+            time.sleep(1)
         sys.path.insert(0, os.path.dirname(checker))
         import dashboard
         with open(board) as f:
@@ -214,8 +224,8 @@ def test():
             assert v["status"] == "success", (where, expr, v)
             if not v["data"]["result"]:
                 empty.append(where)
-        print(f"   {len(qs)} queries evaluated by Prometheus; {len(qs) - len(empty)} with data "
-              f"(none yet: {', '.join(sorted(set(empty))) or '-'})")
+        assert not empty, f"dashboard queries Prometheus has no series for: {sorted(set(empty))}"
+        print(f"   {len(qs)} queries evaluated by Prometheus, each to series")
 
     with step("docker-compose down -v: nothing left behind"):
         compose("down", "-v", capture=True)

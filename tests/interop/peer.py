@@ -199,6 +199,10 @@ class Lab:
             sh("ip netns del %s" % NS)
         sh("ip netns add %s" % NS)
         nsx("ip link set lo up")
+        # A new namespace takes IPv4 forwarding from the host's (a Docker engine sets it to 1);
+        # forwarding here would route the frames the VM sends to ferroce's MAC on fxd0 back out
+        # through fxh0 to ferroce again, once per TTL: the lab's kernel does not route.
+        nsx("sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0")
         # No netfilter on the bridge's frames, whatever the host's firewall and br_netfilter
         # (a Docker engine's rules, say).
         nsx("ip link add fxbr0 type bridge stp_state 0 forward_delay 0 "

@@ -45,6 +45,12 @@ impl Netns {
         let _ = sh_out(&format!("ip netns del {name} 2>/dev/null"));
         sh(&format!("ip netns add {name}"));
         sh(&format!("ip -n {name} link set lo up"));
+        // A new namespace takes IPv4 forwarding from the host's (a Docker engine sets it to 1):
+        // a forwarding kernel beside ferroce's veth routes ferroce's own frames back onto the
+        // link, TTL by TTL. The tests' hosts do not route.
+        sh(&format!(
+            "ip netns exec {name} sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0"
+        ));
         Netns(name.to_string())
     }
     pub fn exec(&self, cmd: &str) -> String {
