@@ -112,11 +112,12 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Result<u32> {
         }
         &V4_MASKS
     };
-    if l3.len() <= LONG {
+    if l3.len() <= LONG || crate::crc::kernel() == crate::crc::Kernel::Vpclmul512 {
         return Ok(crate::crc::crc32_masked(LRH_CRC, l3, m));
     }
-    // Long packets: the masked kernel over the first 64 bytes (which hold every masked field),
-    // then crc32fast, whose AVX-512 fold is ~3x faster than ours on long runs, over the rest.
+    // Long packets without VPCLMULQDQ: the masked kernel over the first 64 bytes (which hold
+    // every masked field), then crc32fast, whose wider fold beats our 128-bit one on long runs,
+    // over the rest.
     let head = crate::crc::crc32_masked(LRH_CRC, &l3[..64], m);
     let mut h = crc32fast::Hasher::new_with_initial(head);
     h.update(&l3[64..]);
