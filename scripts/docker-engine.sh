@@ -6,7 +6,8 @@
 #   docker-engine.sh stop    stops the dockerd this script started (its pidfile), and only that
 #                            one, and removes the docker0 bridge it left
 # The dockerd started here leaves the host's firewall and forwarding as they were
-# (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false): the veth, bridge and
+# (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false) where the FORWARD policy
+# accepts (else see below): the veth, bridge and
 # Soft-RoCE VM tests share this host, and Docker's default rules (FORWARD policy DROP,
 # br_netfilter on bridged frames) would sit in their path. Containers still talk to each other on
 # their compose network and to the host through published ports (docker-proxy); image builds that
@@ -33,8 +34,16 @@ start)
     exit 0
   fi
   mkdir -p "$(dirname "$LOG")"
-  dockerd --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
-    --pidfile "$PIDFILE" >"$LOG" 2>&1 &
+  # Hands off the firewall, unless the host's FORWARD policy already drops (a Docker engine ran
+  # here before and left its chains, or a hardened host): with bridged frames going through
+  # netfilter (br_netfilter), containers on one network could not reach each other, so dockerd
+  # then manages its rules and forwarding as it does by default.
+  flags=(--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false)
+  if command -v iptables >/dev/null && ! iptables -S FORWARD 2>/dev/null | grep -qx -- '-P FORWARD ACCEPT'; then
+    echo "docker-engine: the host's FORWARD policy is not ACCEPT: dockerd manages its iptables rules"
+    flags=()
+  fi
+  dockerd "${flags[@]}" --pidfile "$PIDFILE" >"$LOG" 2>&1 &
   pid=$!
   for _ in $(seq 150); do
     if /usr/bin/docker info >/dev/null 2>&1; then

@@ -15,6 +15,7 @@ Prints how long each step took. Stops the engine again if it started it.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -153,7 +154,11 @@ def test():
         demo = compose("ps", "-q", "demo", capture=True).stdout.strip()
         assert demo, "no demo container"
     with step("the demo job's RDMA operations (scripts/demo.sh against both APIs)"):
-        code = run([DOCKER, "wait", demo], capture=True).stdout.strip()
+        try:
+            code = run([DOCKER, "wait", demo], capture=True, timeout=300).stdout.strip()
+        except subprocess.TimeoutExpired:
+            log = run([DOCKER, "logs", demo], capture=True, check=False)
+            raise SystemExit(f"docker test: the demo job still runs after 300 s:\n{log.stdout}{log.stderr}")
         log = run([DOCKER, "logs", demo], capture=True)
         text = log.stdout + log.stderr
         print("   | " + "\n   | ".join(text.rstrip().splitlines()))
@@ -240,5 +245,7 @@ def test():
 
 
 if __name__ == "__main__":
+    # Stopped by make or CI (SIGTERM): still bring the project down and stop the engine.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
     print("docker test: passed")

@@ -26,6 +26,9 @@ impl Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
+            // A roced that does not accept the connection within 5 s is not there (a firewall
+            // dropping the SYNs would otherwise hold every call for the global minute).
+            .timeout_connect(Some(Duration::from_secs(5)))
             .build()
             .into();
         Client {
