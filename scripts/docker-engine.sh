@@ -5,13 +5,12 @@
 #                            prints "started PID" or "running" (someone else's engine: left alone)
 #   docker-engine.sh stop    stops the dockerd this script started (its pidfile), and only that
 #                            one, and removes the docker0 bridge it left
-# The dockerd started here leaves the host's firewall and forwarding as they were
-# (--iptables=false --ip6tables=false --ip-forward=false --ip-masq=false) where the FORWARD policy
-# accepts (else see below): the veth, bridge and
-# Soft-RoCE VM tests share this host, and Docker's default rules (FORWARD policy DROP,
-# br_netfilter on bridged frames) would sit in their path. Containers still talk to each other on
-# their compose network and to the host through published ports (docker-proxy); image builds that
-# fetch packages run with --network host.
+# Where the host's FORWARD policy accepts, the dockerd started here leaves the firewall and
+# forwarding as they were (--iptables=false --ip6tables=false --ip-forward=false
+# --ip-masq=false): the veth, bridge and Soft-RoCE VM tests share this host, and a default
+# engine turns the host's ip_forward on (which new namespaces inherit) and its FORWARD policy to
+# DROP. Containers still talk to each other on their compose network and to the host through
+# published ports (docker-proxy); image builds that fetch packages run with --network host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIDFILE=/run/ferroce-dockerd.pid
