@@ -18,16 +18,7 @@ LOG=${FERROCE_DOCKERD_LOG:-target/dockerd.log}
 
 case "${1:-}" in
 start)
-  missing=()
-  for p in docker.io docker-compose debootstrap; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "docker-engine: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  bash scripts/apt-install.sh docker-engine docker.io docker-compose debootstrap
   if /usr/bin/docker info >/dev/null 2>&1; then
     echo running
     exit 0

@@ -19,16 +19,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/apt-install.sh" setup "${PKGS[@]}"
 
 # scapy (its RoCE layer is the independent implementation the wire tests cross-check against).
 if ! python3 -c 'import scapy.contrib.roce' 2>/dev/null; then
@@ -50,8 +41,7 @@ if ! command -v kubernetes-validate >/dev/null; then
     || python3 -m pip install -q --break-system-packages kubernetes-validate==1.37.0
 fi
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "setup: installing nodejs npm"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  bash "$(dirname "$0")/apt-install.sh" setup nodejs npm
 fi
 NODE_DIR=/usr/local/lib/ferroce-node
 if [ ! -f "$NODE_DIR/node_modules/@kubernetes-models/prometheus-operator/package.json" ]; then

@@ -19,6 +19,15 @@ use verbs::abi::{self, Cqe, SendWqe, UdTarget, WrOpcode, send_flags};
 use verbs::client::{ClientError, Context, Cq, Memory};
 use verbs::proto::{ModifyMsg, QpCapsMsg};
 
+/// 16 send and receive WRs of one SGE each, no inline data.
+const CAPS16: QpCapsMsg = QpCapsMsg {
+    max_send_wr: 16,
+    max_recv_wr: 16,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+    max_inline_data: 0,
+};
+
 fn wait_one(cq: &mut Cq) -> Cqe {
     let t = Instant::now();
     let mut v = Vec::new();
@@ -303,13 +312,7 @@ fn heap_pair(n: &Cluster, tag: &str, len: usize, mtu: u32) -> HeapPair {
     // SAFETY: as above.
     let (lb, rb) = unsafe { cb.reg_mr_at(pb, mb.as_mut_ptr() as usize, len, 0xf) }.unwrap();
     let (qa_cq, qb_cq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
-    let caps = QpCapsMsg {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let caps = CAPS16;
     let qa = ca.create_qp(pa, &qa_cq, &qa_cq, caps).unwrap();
     let qb = cb.create_qp(pb, &qb_cq, &qb_cq, caps).unwrap();
     connect_app(&ca, &qa, (qb.qpn, qb.sq_psn), &n.gids[1].0, mtu);
@@ -1118,13 +1121,7 @@ fn asynchronous_events_tell_an_application_of_corrupt_rings_its_port_and_roced_g
     let mem = Memory::new(64 << 10).unwrap();
     let (lkey, _) = ctx.reg_mr(pd, &mem, 0xf).unwrap();
     let (kb, vb) = reg(&n.api[1], 1 << 20);
-    let caps = QpCapsMsg {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let caps = CAPS16;
     // Two QPs to B, each with a CQ of its own.
     let mut qps = Vec::new();
     for _ in 0..2 {

@@ -15,12 +15,6 @@ import re
 import sys
 
 SCRAPE_LABELS = {"job", "instance", "node"}
-PROMQL_WORDS = {
-    "sum", "rate", "irate", "increase", "by", "without", "on", "ignoring", "group_left",
-    "group_right", "histogram_quantile", "max", "min", "avg", "count", "topk", "bottomk",
-    "label_values", "clamp_min", "clamp_max", "abs", "delta", "deriv", "offset", "bool", "and",
-    "or", "unless", "vector", "scalar", "time", "le",
-}
 
 
 def exposed(text):

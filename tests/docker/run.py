@@ -67,20 +67,22 @@ def compose(*args, **kw):
     return run(["docker-compose", "-f", COMPOSE_FILE, "-p", PROJECT, *args], **kw)
 
 
-def http_json(url, token=None):
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return json.loads(r.read())
-
-
 def http_text(url, token=None):
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", "Bearer " + token)
     with urllib.request.urlopen(req, timeout=5) as r:
         return r.read().decode()
+
+
+def http_json(url, token=None):
+    return json.loads(http_text(url, token))
+
+
+def prometheus(path, query=None):
+    """Prometheus's HTTP API on the published port: /api/v1/PATH, with a PromQL query."""
+    q = f"?query={urllib.parse.quote(query)}" if query else ""
+    return http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/{path}{q}")
 
 
 def hugepages_free():
@@ -99,9 +101,7 @@ def leftovers():
 
 
 def prometheus_sent(node):
-    q = urllib.parse.quote(f'sum(ferroce_sent_pkts_total{{node="{node}"}})')
-    v = http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/query?query={q}")
-    res = v["data"]["result"]
+    res = prometheus("query", f'sum(ferroce_sent_pkts_total{{node="{node}"}})')["data"]["result"]
     return float(res[0]["value"][1]) if res else None
 
 
@@ -180,7 +180,7 @@ def test():
                 raise SystemExit(f"docker test: Prometheus has ferroce_sent_pkts_total {got}")
             time.sleep(1)
         print(f"   ferroce_sent_pkts_total: node a {got['a']:.0f}, node b {got['b']:.0f}")
-        targets = http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/targets")
+        targets = prometheus("targets")
         health = sorted((t["labels"]["node"], t["health"]) for t in targets["data"]["activeTargets"])
         assert health == [("a", "up"), ("b", "up")], health
 
@@ -207,9 +207,8 @@ def test():
         # Each query, with Grafana's variables filled in, is PromQL Prometheus evaluates to
         # series, once it has scraped both nodes a few times (rates need two samples).
         deadline = time.monotonic() + 30
-        q = urllib.parse.quote('min(count_over_time(up{job="roced"}[1m]))')
         while True:
-            v = http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/query?query={q}")
+            v = prometheus("query", 'min(count_over_time(up{job="roced"}[1m]))')
             res = v["data"]["result"]
             if res and float(res[0]["value"][1]) >= 4:
                 break
@@ -224,8 +223,7 @@ def test():
             if expr.startswith("label_values("):
                 expr = "group by (instance) (" + expr[len("label_values("):].split(",")[0] + ")"
             expr = expr.replace("$__rate_interval", "30s").replace("$instance", ".*")
-            q = urllib.parse.quote(expr)
-            v = http_json(f"http://127.0.0.1:{PORTS['FERROCE_PROMETHEUS_PORT']}/api/v1/query?query={q}")
+            v = prometheus("query", expr)
             assert v["status"] == "success", (where, expr, v)
             if not v["data"]["result"]:
                 empty.append(where)
