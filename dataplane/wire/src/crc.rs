@@ -183,54 +183,83 @@ mod x86 {
     const P_X: i64 = 0x1_DB71_0641;
     const U_PRIME: i64 = 0x1_F701_1641;
 
+    /// Constant pairs for folding a 128-bit lane forward by `j` 16-byte blocks, `j` = 0..=7
+    /// (0 unused), as `_mm_load_si128` wants them: k(128j + 32) low, k(128j - 32) high.
+    #[repr(align(16))]
+    struct Ks([[i64; 2]; 8]);
+    static KB: Ks = Ks({
+        let mut t = [[0i64; 2]; 8];
+        let mut j = 1;
+        while j < 8 {
+            t[j] = [
+                super::fold_constant(128 * j as u32 + 32),
+                super::fold_constant(128 * j as u32 - 32),
+            ];
+            j += 1;
+        }
+        t
+    });
+    const _: () = assert!(KB.0[1][0] == K3 && KB.0[1][1] == K4);
+    const _: () = assert!(KB.0[4][0] == K1 && KB.0[4][1] == K2);
+
+    /// Sixteen zero bytes, then sixteen of 0xff: the 16 bytes from `r` keep a block's top `r`.
+    static SLIDE: [u8; 32] = {
+        let mut t = [0u8; 32];
+        let mut i = 16;
+        while i < 32 {
+            t[i] = 0xff;
+            i += 1;
+        }
+        t
+    };
+
+    /// The constants for folding `j` blocks forward (`j` in 1..8).
     #[inline(always)]
-    unsafe fn fold(acc: a::__m128i, next: a::__m128i, k: a::__m128i) -> a::__m128i {
+    unsafe fn kb(j: usize) -> a::__m128i {
+        debug_assert!((1..8).contains(&j));
+        // SAFETY: KB is 16-byte aligned and `j` indexes it (bounds-checked).
+        unsafe { a::_mm_load_si128(KB.0[j].as_ptr() as *const a::__m128i) }
+    }
+
+    /// `acc` moved forward by the distance `k` holds, without a next block: the two halves'
+    /// carry-less products, XORed.
+    #[inline(always)]
+    unsafe fn shift(acc: a::__m128i, k: a::__m128i) -> a::__m128i {
         // SAFETY: pure register arithmetic; the caller enabled pclmulqdq.
         unsafe {
-            let lo = a::_mm_clmulepi64_si128(acc, k, 0x00);
-            let hi = a::_mm_clmulepi64_si128(acc, k, 0x11);
-            a::_mm_xor_si128(a::_mm_xor_si128(next, lo), hi)
+            a::_mm_xor_si128(
+                a::_mm_clmulepi64_si128(acc, k, 0x00),
+                a::_mm_clmulepi64_si128(acc, k, 0x11),
+            )
         }
     }
 
-    /// Block `i` of `d` (16 bytes from `16 * i`), ORed with its mask if it has one.
     #[inline(always)]
-    unsafe fn block(d: &[u8], i: usize, masks: &Masks) -> a::__m128i {
-        let bytes = &d[16 * i..16 * i + 16];
-        // SAFETY: `bytes` is 16 readable bytes (the slice above checked it); unaligned load.
-        let v = unsafe { a::_mm_loadu_si128(bytes.as_ptr() as *const a::__m128i) };
-        if i < 4 {
-            let m = masks[i];
-            // SAFETY: register arithmetic (SSE2 is baseline on x86_64).
-            unsafe { a::_mm_or_si128(v, a::_mm_set_epi64x((m >> 64) as i64, m as i64)) }
-        } else {
-            v
-        }
+    unsafe fn fold(acc: a::__m128i, next: a::__m128i, k: a::__m128i) -> a::__m128i {
+        // SAFETY: as shift's.
+        unsafe { a::_mm_xor_si128(next, shift(acc, k)) }
     }
 
-    /// Up to 15 bytes as a zero-padded little-endian 128-bit value, without a trip through
-    /// memory (which would stall store forwarding).
+    /// The 16 bytes of `d` from `at`, which the caller has checked are there; unaligned.
     #[inline(always)]
-    fn partial(d: &[u8]) -> (u64, u64) {
-        fn upto8(r: &[u8]) -> u64 {
-            let n = r.len();
-            match n {
-                0 => 0,
-                1..=3 => r.iter().rev().fold(0u64, |v, b| v << 8 | *b as u64),
-                _ => {
-                    let lo = u32::from_le_bytes(r[..4].try_into().expect("4")) as u64;
-                    let hi = u32::from_le_bytes(r[n - 4..n].try_into().expect("4")) as u64;
-                    lo | hi << ((n - 4) * 8)
-                }
-            }
-        }
-        if d.len() > 8 {
-            (upto8(&d[..8]), upto8(&d[8..]))
-        } else {
-            (upto8(d), 0)
-        }
+    unsafe fn load(d: &[u8], at: usize) -> a::__m128i {
+        debug_assert!(at + 16 <= d.len());
+        // SAFETY: the caller checked `at + 16 <= d.len()`.
+        unsafe { a::_mm_loadu_si128(d.as_ptr().add(at) as *const a::__m128i) }
     }
 
+    #[inline(always)]
+    fn mask(m: u128) -> a::__m128i {
+        // SAFETY: register arithmetic (SSE2 is baseline on x86_64).
+        unsafe { a::_mm_set_epi64x((m >> 64) as i64, m as i64) }
+    }
+
+    /// The CRC of `d` (at least 16 bytes; bytes below 64 ORed with `masks`) continuing from
+    /// `crc`. Inputs of 64 bytes or more fold four lanes a block each; whatever whole blocks
+    /// are left after the last round of four, and the four lanes themselves, are then each
+    /// folded straight to the last whole block with that distance's constants, independently,
+    /// so that the latency of a short input (a small WRITE's 120 bytes) is one fold and an XOR
+    /// tree instead of a chain of six folds. The partial block and the reduction follow.
     #[target_feature(
         enable = "pclmulqdq",
         enable = "sse2",
@@ -238,41 +267,66 @@ mod x86 {
         enable = "ssse3"
     )]
     pub(super) unsafe fn crc32_masked(crc: u32, d: &[u8], masks: &Masks) -> u32 {
-        // SAFETY: loads go through `block`, which bounds-checks its slice; the rest is
-        // register arithmetic with the features this function is compiled for.
+        // SAFETY: every load is of 16 bytes that the block counts below place inside `d`
+        // (`16 * whole <= n`); the rest is register arithmetic with this function's features.
         unsafe {
             let n = d.len();
+            debug_assert!(n >= 16);
+            let whole = n / 16;
             let init = a::_mm_cvtsi32_si128(!crc as i32);
-            let k3k4 = a::_mm_set_epi64x(K4, K3);
-            let mut x;
-            let mut i; // next block index
-            if n >= 64 {
-                let mut x3 = a::_mm_xor_si128(block(d, 0, masks), init);
-                let mut x2 = block(d, 1, masks);
-                let mut x1 = block(d, 2, masks);
-                let mut x0 = block(d, 3, masks);
-                let k1k2 = a::_mm_set_epi64x(K2, K1);
-                i = 4;
-                while n - 16 * i >= 64 {
-                    x3 = fold(x3, block(d, i, masks), k1k2);
-                    x2 = fold(x2, block(d, i + 1, masks), k1k2);
-                    x1 = fold(x1, block(d, i + 2, masks), k1k2);
-                    x0 = fold(x0, block(d, i + 3, masks), k1k2);
-                    i += 4;
+            let first = a::_mm_xor_si128(a::_mm_or_si128(load(d, 0), mask(masks[0])), init);
+            if n < 64 {
+                // One to three whole blocks, every one masked, and maybe a masked partial.
+                let k1 = kb(1);
+                let mut x = first;
+                for (j, &m) in masks.iter().enumerate().take(whole).skip(1) {
+                    x = fold(x, a::_mm_or_si128(load(d, 16 * j), mask(m)), k1);
                 }
-                x = fold(x3, x2, k3k4);
-                x = fold(x, x1, k3k4);
-                x = fold(x, x0, k3k4);
-            } else {
-                x = a::_mm_xor_si128(block(d, 0, masks), init);
-                i = 1;
+                let r = n % 16;
+                let keep = (1u128 << (8 * r)) - 1; // r < 16
+                let pm = if r > 0 {
+                    (masks[whole] & keep) << (8 * (16 - r))
+                } else {
+                    0
+                };
+                return finish(x, d, pm);
             }
-            tail(x, d, i, masks)
+            let mut x3 = first;
+            let mut x2 = a::_mm_or_si128(load(d, 16), mask(masks[1]));
+            let mut x1 = a::_mm_or_si128(load(d, 32), mask(masks[2]));
+            let mut x0 = a::_mm_or_si128(load(d, 48), mask(masks[3]));
+            let k4 = kb(4);
+            let mut i = 4; // next whole block
+            while i + 4 <= whole {
+                x3 = fold(x3, load(d, 16 * i), k4);
+                x2 = fold(x2, load(d, 16 * i + 16), k4);
+                x1 = fold(x1, load(d, 16 * i + 32), k4);
+                x0 = fold(x0, load(d, 16 * i + 48), k4);
+                i += 4;
+            }
+            // t (0..=3) whole blocks remain; everything moves to block whole - 1.
+            let t = whole - i;
+            let mut x = a::_mm_xor_si128(
+                a::_mm_xor_si128(shift(x3, kb(3 + t)), shift(x2, kb(2 + t))),
+                shift(x1, kb(1 + t)),
+            );
+            let last = if t == 0 {
+                x0
+            } else {
+                let mut y = shift(x0, kb(t));
+                for j in 0..t - 1 {
+                    y = a::_mm_xor_si128(y, shift(load(d, 16 * (i + j)), kb(t - 1 - j)));
+                }
+                a::_mm_xor_si128(y, load(d, 16 * (whole - 1)))
+            };
+            x = a::_mm_xor_si128(x, last);
+            finish(x, d, 0)
         }
     }
 
-    /// The 128-bit kernel from accumulator `x` (the CRC state of `d[..16 * i]`, folded) to the
-    /// end: whole blocks, the partial one, and the reduction to 32 bits.
+    /// From accumulator `x` (the CRC state of `d`'s whole 16-byte blocks, folded) to the end:
+    /// the partial block, ORed with `pm` (its masks, already at the top of the block), and the
+    /// reduction to 32 bits.
     #[inline]
     #[target_feature(
         enable = "pclmulqdq",
@@ -280,40 +334,23 @@ mod x86 {
         enable = "sse4.1",
         enable = "ssse3"
     )]
-    unsafe fn tail(mut x: a::__m128i, d: &[u8], mut i: usize, masks: &Masks) -> u32 {
-        // SAFETY: as crc32_masked's.
+    unsafe fn finish(mut x: a::__m128i, d: &[u8], pm: u128) -> u32 {
+        // SAFETY: the one load is d's last 16 bytes (n >= 16); the rest as crc32_masked's.
         unsafe {
             let n = d.len();
-            let k3k4 = a::_mm_set_epi64x(K4, K3);
-            while n - 16 * i >= 16 {
-                x = fold(x, block(d, i, masks), k3k4);
-                i += 1;
-            }
+            let k3k4 = kb(1);
             // A final partial block of r bytes: shift the accumulator down by r bytes, bring the
-            // new bytes in at the top, and fold the r bytes shifted out back in.
-            let r = n - 16 * i;
+            // new bytes in at the top, and fold the r bytes shifted out back in. The new bytes
+            // are the top r of the input's last 16, the others zeroed.
+            let r = n % 16;
             if r > 0 {
-                let tail = &d[16 * i..];
-                let (mut lo, mut hi) = partial(tail);
-                // Masks reach here only for inputs under 64 bytes.
-                if i < 4 {
-                    let m = masks[i];
-                    let keep = if r >= 16 {
-                        u128::MAX
-                    } else {
-                        (1u128 << (8 * r)) - 1
-                    };
-                    let m = m & keep;
-                    lo |= m as u64;
-                    hi |= (m >> 64) as u64;
-                }
+                let keep = a::_mm_loadu_si128(SLIDE.as_ptr().add(r) as *const a::__m128i);
+                let part = a::_mm_or_si128(a::_mm_and_si128(load(d, n - 16), keep), mask(pm));
                 let seq = a::_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
                 let shl = a::_mm_add_epi8(seq, a::_mm_set1_epi8(r as i8 - 16));
                 let shr = a::_mm_xor_si128(shl, a::_mm_set1_epi8(-128));
                 let overflow = a::_mm_shuffle_epi8(x, shl);
-                x = a::_mm_shuffle_epi8(x, shr);
-                let part = a::_mm_set_epi64x(hi as i64, lo as i64);
-                x = a::_mm_xor_si128(x, a::_mm_shuffle_epi8(part, shl));
+                x = a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), part);
                 x = fold(overflow, x, k3k4);
             }
             // 128 -> 64 bits, then Barrett reduction to 32.
@@ -363,7 +400,8 @@ mod x86 {
         enable = "ssse3"
     )]
     pub(super) unsafe fn crc32_masked_512(crc: u32, d: &[u8], masks: &Masks) -> u32 {
-        // SAFETY: loads go through block512/block, which bounds-check their slices; the rest
+        // SAFETY: loads go through block512 (which bounds-checks its slice) or `load` of 16
+        // bytes the loop bound keeps inside `d`; the rest
         // is register arithmetic with the features this function is compiled for.
         unsafe {
             let n = d.len();
@@ -407,7 +445,13 @@ mod x86 {
             x = fold(x, a::_mm512_extracti32x4_epi32(z, 1), k3k4);
             x = fold(x, a::_mm512_extracti32x4_epi32(z, 2), k3k4);
             x = fold(x, a::_mm512_extracti32x4_epi32(z, 3), k3k4);
-            tail(x, d, 4 * i, masks)
+            // Up to three whole 16-byte blocks are left, then the partial one.
+            let mut j = 64 * i;
+            while j + 16 <= n {
+                x = fold(x, load(d, j), k3k4);
+                j += 16;
+            }
+            finish(x, d, 0)
         }
     }
 }
@@ -435,6 +479,23 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx512f") {
             assert_eq!(kernel(), Kernel::Vpclmul512);
+        }
+    }
+
+    #[test]
+    fn the_128_bit_kernel_covers_every_length() {
+        // Every length below 700: each count of four-block rounds with zero to three whole
+        // blocks after it, each partial length, masks reaching into the partial block.
+        let data: Vec<u8> = (0..700u32).map(|i| (i * 13 + 5) as u8).collect();
+        let masks = [u128::MAX, 0xff << 40 | 0xf0, 0x0f << 96, 1 << 127 | 0xff];
+        for n in 0..data.len() {
+            for m in [[0; 4], masks] {
+                assert_eq!(
+                    crc32_masked_with(Kernel::Pclmul, 0x8765_4321, &data[..n], &m),
+                    crc32_masked_scalar(0x8765_4321, &data[..n], &m),
+                    "len {n}"
+                );
+            }
         }
     }
 
