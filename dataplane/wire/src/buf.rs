@@ -137,11 +137,17 @@ impl HeapBuf {
     /// Room for a 9000-byte jumbo frame with VLAN tag and headroom.
     pub const CAPACITY: usize = 9216 + Self::HEADROOM;
 
-    /// An empty buffer with the standard headroom.
+    /// An empty buffer with the standard headroom: the storage of one this thread dropped if
+    /// there is one (its old bytes left in it, as a DPDK mbuf's are), else a new allocation.
     #[inline]
     pub fn new() -> Self {
+        let storage = POOL
+            .try_with(|p| p.borrow_mut().pop())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| vec![0u8; Self::CAPACITY].into_boxed_slice());
         HeapBuf {
-            storage: vec![0u8; Self::CAPACITY].into_boxed_slice(),
+            storage,
             start: Self::HEADROOM,
             end: Self::HEADROOM,
         }
@@ -154,6 +160,31 @@ impl HeapBuf {
             .expect("frame larger than HeapBuf::CAPACITY")
             .copy_from_slice(frame);
         b
+    }
+}
+
+/// Most buffers a thread keeps for reuse, as a mempool's per-lcore cache does.
+const POOL_MAX: usize = 1024;
+
+std::thread_local! {
+    /// Storage of the buffers this thread dropped, for its next [`HeapBuf::new`]: an
+    /// allocation (and a 9 KiB memset) a frame was most of what the in-memory link cost.
+    static POOL: core::cell::RefCell<Vec<Box<[u8]>>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for HeapBuf {
+    #[inline]
+    fn drop(&mut self) {
+        let s = core::mem::take(&mut self.storage);
+        if s.len() == Self::CAPACITY {
+            // During thread exit the pool may be gone: the storage is then freed.
+            let _ = POOL.try_with(|p| {
+                let mut p = p.borrow_mut();
+                if p.len() < POOL_MAX {
+                    p.push(s);
+                }
+            });
+        }
     }
 }
 
