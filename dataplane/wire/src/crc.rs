@@ -120,6 +120,14 @@ pub fn crc32_masked_with(k: Kernel, crc: u32, data: &[u8], masks: &Masks) -> u32
     run(k.min(kernel()), crc, data, masks)
 }
 
+/// [`crc32_masked`] on `k`, which must be [`kernel`]'s answer (or slower): for callers that
+/// asked once and choose by it, as the ICRC does by length.
+#[inline(always)]
+pub(crate) fn crc32_masked_on(k: Kernel, crc: u32, data: &[u8], masks: &Masks) -> u32 {
+    debug_assert!(k <= kernel());
+    run(k, crc, data, masks)
+}
+
 /// `k` is one this CPU runs.
 #[inline(always)]
 fn run(k: Kernel, crc: u32, data: &[u8], masks: &Masks) -> u32 {
@@ -235,6 +243,12 @@ mod x86 {
     }
 
     #[inline(always)]
+    fn xor4(a0: a::__m128i, a1: a::__m128i, a2: a::__m128i, a3: a::__m128i) -> a::__m128i {
+        // SAFETY: register arithmetic (SSE2 is baseline on x86_64).
+        unsafe { a::_mm_xor_si128(a::_mm_xor_si128(a0, a1), a::_mm_xor_si128(a2, a3)) }
+    }
+
+    #[inline(always)]
     unsafe fn fold(acc: a::__m128i, next: a::__m128i, k: a::__m128i) -> a::__m128i {
         // SAFETY: as shift's.
         unsafe { a::_mm_xor_si128(next, shift(acc, k)) }
@@ -304,22 +318,44 @@ mod x86 {
                 x0 = fold(x0, load(d, 16 * i + 48), k4);
                 i += 4;
             }
-            // t (0..=3) whole blocks remain; everything moves to block whole - 1.
-            let t = whole - i;
-            let mut x = a::_mm_xor_si128(
-                a::_mm_xor_si128(shift(x3, kb(3 + t)), shift(x2, kb(2 + t))),
-                shift(x1, kb(1 + t)),
-            );
-            let last = if t == 0 {
-                x0
-            } else {
-                let mut y = shift(x0, kb(t));
-                for j in 0..t - 1 {
-                    y = a::_mm_xor_si128(y, shift(load(d, 16 * (i + j)), kb(t - 1 - j)));
-                }
-                a::_mm_xor_si128(y, load(d, 16 * (whole - 1)))
+            // t (0..=3) whole blocks remain; everything moves to block whole - 1, each lane
+            // and block by its own distance (constant indices: straight-line code per t).
+            let b = |j: usize| load(d, 16 * (i + j));
+            let x = match whole - i {
+                0 => xor4(shift(x3, kb(3)), shift(x2, kb(2)), shift(x1, kb(1)), x0),
+                1 => a::_mm_xor_si128(
+                    xor4(
+                        shift(x3, kb(4)),
+                        shift(x2, kb(3)),
+                        shift(x1, kb(2)),
+                        shift(x0, kb(1)),
+                    ),
+                    b(0),
+                ),
+                2 => a::_mm_xor_si128(
+                    xor4(
+                        shift(x3, kb(5)),
+                        shift(x2, kb(4)),
+                        shift(x1, kb(3)),
+                        shift(x0, kb(2)),
+                    ),
+                    a::_mm_xor_si128(shift(b(0), kb(1)), b(1)),
+                ),
+                _ => a::_mm_xor_si128(
+                    xor4(
+                        shift(x3, kb(6)),
+                        shift(x2, kb(5)),
+                        shift(x1, kb(4)),
+                        shift(x0, kb(3)),
+                    ),
+                    xor4(
+                        shift(b(0), kb(2)),
+                        shift(b(1), kb(1)),
+                        b(2),
+                        a::_mm_setzero_si128(),
+                    ),
+                ),
             };
-            x = a::_mm_xor_si128(x, last);
             finish(x, d, 0)
         }
     }

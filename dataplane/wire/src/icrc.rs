@@ -82,46 +82,63 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Result<u32> {
         }
         &V6_MASKS
     } else {
-        let ihl = (l3.first().ok_or(Error::Truncated)? & 0x0f) as usize * 4;
-        if ihl < 20 {
-            return Err(Error::BadLength);
+        match l3.first() {
+            // Version 4, no options: every RoCE packet.
+            Some(0x45) if l3.len() >= 20 + 8 + 12 => &V4_MASKS,
+            _ => return compute_v4_unusual(l3),
         }
-        if l3.len() < ihl + 8 + 12 {
-            return Err(Error::Truncated);
-        }
-        if ihl != 20 {
-            // Options (never seen in RoCE) move the UDP and BTH masks.
-            let o = ihl - 20;
-            let m = masks(&[(1, 0xff), (8, 0xff), (10, 0xff), (11, 0xff)]);
-            let mut extra = [0u128; 4];
-            for at in [26 + o, 27 + o, 32 + o] {
-                if at < 64 {
-                    extra[at / 16] |= 0xffu128 << ((at % 16) * 8);
-                }
-            }
-            let all = [
-                m[0] | extra[0],
-                m[1] | extra[1],
-                m[2] | extra[2],
-                m[3] | extra[3],
-            ];
-            if 32 + o >= 64 {
-                return compute_reference(l3, false);
-            }
-            return Ok(crate::crc::crc32_masked(LRH_CRC, l3, &all));
-        }
-        &V4_MASKS
     };
-    if l3.len() <= LONG || crate::crc::kernel() == crate::crc::Kernel::Vpclmul512 {
-        return Ok(crate::crc::crc32_masked(LRH_CRC, l3, m));
+    Ok(masked(l3, m))
+}
+
+/// The masked CRC from the LRH's state over `l3`, on the fastest kernel for its length.
+#[inline]
+fn masked(l3: &[u8], m: &crate::crc::Masks) -> u32 {
+    let k = crate::crc::kernel();
+    if l3.len() <= LONG || k == crate::crc::Kernel::Vpclmul512 {
+        return crate::crc::crc32_masked_on(k, LRH_CRC, l3, m);
     }
     // Long packets without VPCLMULQDQ: the masked kernel over the first 64 bytes (which hold
     // every masked field), then crc32fast, whose wider fold beats our 128-bit one on long runs,
     // over the rest.
-    let head = crate::crc::crc32_masked(LRH_CRC, &l3[..64], m);
+    let head = crate::crc::crc32_masked_on(k, LRH_CRC, &l3[..64], m);
     let mut h = crc32fast::Hasher::new_with_initial(head);
     h.update(&l3[64..]);
-    Ok(h.finalize())
+    h.finalize()
+}
+
+/// [`compute`] over IPv4 with options (never seen in RoCE) or a header too short or malformed.
+#[cold]
+fn compute_v4_unusual(l3: &[u8]) -> Result<u32> {
+    let ihl = (l3.first().ok_or(Error::Truncated)? & 0x0f) as usize * 4;
+    if ihl < 20 {
+        return Err(Error::BadLength);
+    }
+    if l3.len() < ihl + 8 + 12 {
+        return Err(Error::Truncated);
+    }
+    if ihl == 20 {
+        return Ok(masked(l3, &V4_MASKS));
+    }
+    // Options move the UDP and BTH masks.
+    let o = ihl - 20;
+    let m = masks(&[(1, 0xff), (8, 0xff), (10, 0xff), (11, 0xff)]);
+    let mut extra = [0u128; 4];
+    for at in [26 + o, 27 + o, 32 + o] {
+        if at < 64 {
+            extra[at / 16] |= 0xffu128 << ((at % 16) * 8);
+        }
+    }
+    let all = [
+        m[0] | extra[0],
+        m[1] | extra[1],
+        m[2] | extra[2],
+        m[3] | extra[3],
+    ];
+    if 32 + o >= 64 {
+        return compute_reference(l3, false);
+    }
+    Ok(crate::crc::crc32_masked(LRH_CRC, l3, &all))
 }
 
 /// Above this many bytes (IP header to pad) the tail goes to crc32fast's wide fold.
