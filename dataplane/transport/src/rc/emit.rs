@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// How a frame's headers are made: copied from the path's template, or emitted from a repr.
+enum Headers<'a> {
+    Template(&'a Template),
+    Repr(RoceRepr),
+}
+
 impl RcQp {
     pub(super) fn repr(&self, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
         self.repr_on(self.cfg.path?, bth, ext)
@@ -83,7 +89,11 @@ impl RcQp {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
-        let r = self.repr_on(path, bth, ext)?;
+        // The path's template where it has one (CNPs go in a class of their own).
+        let headers = match &self.tmpl {
+            Some((p, t)) if *p == path && bth.opcode != op::CNP => Headers::Template(t),
+            _ => Headers::Repr(self.repr_on(path, bth, ext)?),
+        };
         if !out.reset() {
             return None;
         }
@@ -92,7 +102,11 @@ impl RcQp {
             out.reset();
             return Some(Err(e));
         }
-        if build(out, &r, self.tx_offload).is_err() {
+        let built = match &headers {
+            Headers::Template(t) => build_templated(out, t, &bth, &ext, self.tx_offload),
+            Headers::Repr(r) => build(out, r, self.tx_offload),
+        };
+        if built.is_err() {
             out.reset();
             return None;
         }

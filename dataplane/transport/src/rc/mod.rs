@@ -31,7 +31,10 @@ use wire::PacketBuf;
 use wire::aeth::{self, NakCode, Syndrome};
 use wire::ipv4::{self, Ecn};
 use wire::opcode::{mask, op};
-use wire::packet::{Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, build, build_attached, parse};
+use wire::packet::{
+    Checks, ExtRepr, IpRepr, PacketInfo, RoceRepr, Template, build, build_attached,
+    build_templated, parse,
+};
 use wire::time::Instant;
 use wire::{Psn, atomic_ack_eth, bth, cnp, deth, eth, ipv6, udp};
 
@@ -323,6 +326,10 @@ pub struct RcQp {
     comp: Completer,
     /// The responder's state (responder.rs).
     resp: Responder,
+    /// The path's Ethernet, IPv4 and UDP headers as bytes, and the path they were made for
+    /// (emit.rs): frames to it are copies patched per packet. Remade by `modify`; a frame to
+    /// any other path (a UD destination, a path changed behind it) is emitted field by field.
+    tmpl: Option<(Path, Template)>,
 }
 
 impl RcQp {
@@ -349,6 +356,7 @@ impl RcQp {
             req: Requester::new(caps),
             comp: Completer::new(),
             resp: Responder::new(caps),
+            tmpl: None,
         })
     }
 
@@ -416,6 +424,14 @@ impl RcQp {
             p.local_ip = p.local_ip.to_canonical();
             p.remote_ip = p.remote_ip.to_canonical();
         }
+        self.tmpl = self.cfg.path.and_then(|p| {
+            let r = self.repr_on(
+                p,
+                self.bth(op::RC_SEND_ONLY, Psn::new(0), false, false),
+                ExtRepr::default(),
+            )?;
+            Some((p, Template::new(&r)?))
+        });
         if a.sq_psn.is_some() {
             self.req.next_psn = self.cfg.sq_psn;
             self.comp.una = self.cfg.sq_psn;
