@@ -10,12 +10,12 @@ enum Headers<'a> {
 }
 
 impl RcQp {
-    pub(super) fn repr(&self, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
+    pub(super) fn repr(&self, bth: &bth::Repr, ext: &ExtRepr) -> Option<RoceRepr> {
         self.repr_on(self.cfg.path?, bth, ext)
     }
 
     /// The headers of a frame to `p` (a UD send names its own path).
-    pub(super) fn repr_on(&self, mut p: Path, bth: bth::Repr, ext: ExtRepr) -> Option<RoceRepr> {
+    pub(super) fn repr_on(&self, mut p: Path, bth: &bth::Repr, ext: &ExtRepr) -> Option<RoceRepr> {
         if bth.opcode == op::CNP {
             // CNPs go in their own class: cnp_dscp, not ECN-capable, cnp_802p_prio.
             p.dscp = self.cc_params.cnp_dscp;
@@ -60,8 +60,8 @@ impl RcQp {
                 dst_port: udp::ROCEV2_PORT,
                 checksum: 0,
             },
-            bth,
-            ext,
+            bth: *bth,
+            ext: *ext,
         })
     }
 
@@ -71,8 +71,8 @@ impl RcQp {
     pub(super) fn emit<B: PacketBuf>(
         &self,
         out: &mut B,
-        bth: bth::Repr,
-        ext: ExtRepr,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
@@ -84,8 +84,8 @@ impl RcQp {
         &self,
         path: Path,
         out: &mut B,
-        bth: bth::Repr,
-        ext: ExtRepr,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
@@ -103,7 +103,7 @@ impl RcQp {
             return Some(Err(e));
         }
         let built = match &headers {
-            Headers::Template(t) => build_templated(out, t, &bth, &ext, self.tx_offload),
+            Headers::Template(t) => build_templated(out, t, bth, ext, self.tx_offload),
             Headers::Repr(r) => build(out, r, self.tx_offload),
         };
         if built.is_err() {
@@ -119,20 +119,38 @@ impl RcQp {
     /// [`ATTACH_MIN`]. False when it did not (those, the bytes spanning SG entries, a region
     /// that is not hugepage memory, an IPv6 path, ...): the caller copies, which also reports
     /// any key or bounds error.
+    /// The cheap tests are inlined into the caller, so that a small payload (most of them)
+    /// does not pay for a call with seven arguments.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn emit_attached<B: PacketBuf>(
         &self,
         out: &mut B,
-        bth: bth::Repr,
-        ext: ExtRepr,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
         mrs: &MrTable,
         sg: &[Sge],
         offset: u64,
         len: usize,
     ) -> bool {
-        if !self.tx_attach || self.caps.copy_tx || len < ATTACH_MIN {
-            return false;
-        }
+        self.tx_attach
+            && !self.caps.copy_tx
+            && len >= ATTACH_MIN
+            && self.attach(out, bth, ext, mrs, sg, offset, len)
+    }
+
+    /// [`RcQp::emit_attached`] past its cheap tests.
+    #[allow(clippy::too_many_arguments)]
+    fn attach<B: PacketBuf>(
+        &self,
+        out: &mut B,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
+        mrs: &MrTable,
+        sg: &[Sge],
+        offset: u64,
+        len: usize,
+    ) -> bool {
         let Some((lkey, va)) = locate(sg, offset, len as u64) else {
             return false;
         };
@@ -151,8 +169,8 @@ impl RcQp {
     pub(super) fn emit_headers<B: PacketBuf>(
         &self,
         out: &mut B,
-        bth: bth::Repr,
-        ext: ExtRepr,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
     ) -> bool {
         matches!(self.emit(out, bth, ext, 0, |_| Ok(())), Some(Ok(())))
     }

@@ -427,8 +427,8 @@ impl RcQp {
         self.tmpl = self.cfg.path.and_then(|p| {
             let r = self.repr_on(
                 p,
-                self.bth(op::RC_SEND_ONLY, Psn::new(0), false, false),
-                ExtRepr::default(),
+                &self.bth(op::RC_SEND_ONLY, Psn::new(0), false, false),
+                &ExtRepr::default(),
             )?;
             Some((p, Template::new(&r)?))
         });

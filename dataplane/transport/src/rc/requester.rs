@@ -112,13 +112,13 @@ impl RcQp {
         } else {
             pk.len as usize
         };
-        let attached =
-            inline.is_none() && self.emit_attached(out, b, ext, mrs, sg, pk.offset as u64, payload);
+        let attached = inline.is_none()
+            && self.emit_attached(out, &b, &ext, mrs, sg, pk.offset as u64, payload);
         let built = if attached {
             self.counters.tx_attached_pkts += 1;
             Some(Ok(()))
         } else {
-            self.emit(out, b, ext, payload, |dst| match inline {
+            self.emit(out, &b, &ext, payload, |dst| match inline {
                 Some(d) => {
                     dst.copy_from_slice(&d[pk.offset as usize..][..dst.len()]);
                     Ok(())

@@ -98,12 +98,12 @@ impl RcQp {
                     aeth: Some(aeth::Repr { syndrome, msn }),
                     ..Default::default()
                 };
-                self.emit_headers(out, self.bth(op::RC_ACK, psn, false, false), ext)
+                self.emit_headers(out, &self.bth(op::RC_ACK, psn, false, false), &ext)
             }
             Response::Cnp => {
                 self.counters.np_cnp_sent += 1;
                 let b = cnp::bth(self.cfg.dest_qp, bth::DEFAULT_PKEY);
-                self.emit_headers(out, b, ExtRepr::default())
+                self.emit_headers(out, &b, &ExtRepr::default())
             }
             Response::Atomic { psn, orig, msn } => {
                 let ext = ExtRepr {
@@ -114,7 +114,7 @@ impl RcQp {
                     atomic_ack: Some(atomic_ack_eth::Repr { orig }),
                     ..Default::default()
                 };
-                self.emit_headers(out, self.bth(op::RC_ATOMIC_ACK, psn, false, false), ext)
+                self.emit_headers(out, &self.bth(op::RC_ATOMIC_ACK, psn, false, false), &ext)
             }
             Response::Read {
                 psn,
@@ -154,11 +154,11 @@ impl RcQp {
                     length: n as u32,
                     lkey: rkey,
                 }];
-                let attached = self.emit_attached(out, b, ext, mrs, &sg, 0, n);
+                let attached = self.emit_attached(out, &b, &ext, mrs, &sg, 0, n);
                 self.counters.tx_attached_pkts += attached as u64;
                 let ok = attached
                     || matches!(
-                        self.emit(out, b, ext, n, |dst| mrs.get(rkey)?.read(at, dst)),
+                        self.emit(out, &b, &ext, n, |dst| mrs.get(rkey)?.read(at, dst)),
                         Some(Ok(()))
                     );
                 if !last {
