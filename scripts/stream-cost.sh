@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per 64 B WRITE, both ends, counted by callgrind (bench/src/bin/stream_cost.rs):
-# the built-in engine's stream and the same stream through an application's rings (--app),
+# the built-in engine's stream and the same stream through an application's rings (--app), each
+# with every request signalled and with one in 100 (perftest's --cq-mod),
 # from one build of the `cost` profile (one codegen unit, so that the figure does not move with
 # unrelated code). The link's memset is left out; per message = (count at 2n - count at n) / n.
 #
@@ -22,8 +23,11 @@ count() { # messages, then stream_cost's other arguments
         /memset/ && !seen { gsub(",", "", $1); memset = $1; seen = 1 }
         END { print total - memset }'
 }
+# Every request signalled, and one in 100 as perftest's bandwidth tests signal (--cq-mod).
 for mode in "" "--app"; do
-    a=$(count "$n" $mode)
-    b=$(count $((2 * n)) $mode)
-    echo "stream_cost ${mode:-(built-in)}: $(((b - a) / n)) instructions per 64 B WRITE"
+    for q in 1 100; do
+        a=$(count "$n" $mode --cq-mod $q)
+        b=$(count $((2 * n)) $mode --cq-mod $q)
+        echo "stream_cost ${mode:-(built-in)} --cq-mod $q: $(((b - a) / n)) instructions per 64 B WRITE"
+    done
 done

@@ -85,6 +85,11 @@ pub struct PerfArgs {
     /// Work requests outstanding at once (per QP).
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: u32,
+    /// Bandwidth tests: signal one work request in this many, and the last (perftest's -Q,
+    /// 100 as there; held to the tx depth): the rest complete without a completion entry.
+    #[arg(long = "cq-mod", short = 'Q', default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub cq_mod: u32,
     /// QPs (bandwidth tests): each runs the test, `-n` messages,
     /// all on one lcore of each node.
     #[arg(long, short = 'q', default_value_t = 1)]
@@ -355,7 +360,8 @@ fn run_bandwidth(
         .map(|(q, r)| json!({"qpn": q, "remote_addr": r.vaddr, "rkey": r.rkey}))
         .collect();
     let mut b = json!({"qps": targets, "wr": request(a, buf, first),
-                       "depth": a.tx_depth.min(16384), "timeout_ms": 600_000});
+                       "depth": a.tx_depth.min(16384), "cq_mod": a.cq_mod,
+                       "timeout_ms": 600_000});
     match a.duration {
         Some(secs) => b["duration_ms"] = json!(secs * 1000),
         None => b["count"] = json!(a.iters()),

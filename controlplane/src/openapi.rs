@@ -163,12 +163,15 @@ pub fn document() -> Value {
         "description": "a UD QP's Q_Key (INIT)"});
     modify_props["port"] = json!({"type": "integer", "minimum": 0, "maximum": 4294967295u64,
         "description": "a UD QP's port (INIT; default 0)"});
+    let cq_mod = json!({"type": "integer", "minimum": 1, "maximum": 16384,
+        "description": "signal one request in this many, and the last (perftest's --cq-mod; default 1, every one); held to depth, and 1 with duration_ms"});
     let mut stream_props = send_props.clone();
     stream_props["count"] = json!({"type": "integer", "minimum": 1, "maximum": 100000000});
     stream_props["depth"] = json!({"type": "integer", "minimum": 1, "maximum": 16384});
     stream_props["duration_ms"] = json!({"type": "integer", "minimum": 1, "maximum": 600000,
         "description": "stop posting after this long (perftest's -D); count becomes an upper bound"});
     stream_props["timeout_ms"] = json!({"type": "integer", "minimum": 0, "maximum": 600000});
+    stream_props["cq_mod"] = cq_mod.clone();
     let wc = json!({"type": "object", "properties": {
         "wr_id": u64s, "status": {"type": "string"}, "opcode": {"type": "string"},
         "byte_len": u32s, "imm_data": {"type": "integer", "nullable": true},
@@ -266,6 +269,7 @@ pub fn document() -> Value {
                 "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
                 "count": {"type": "integer", "minimum": 1, "maximum": 100000000},
                 "depth": {"type": "integer", "minimum": 1, "maximum": 16384},
+                "cq_mod": cq_mod,
                 "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000},
                 "duration_ms": {"type": "integer", "minimum": 1, "maximum": 600000,
                     "description": "stop posting after this long (perftest's -D); count (or duration_ms) is required"}}}))),

@@ -20,7 +20,7 @@ use dataplane::cc::{CcKind, DcqcnParams};
 use dataplane::port::impair::{CongestionPoint, Direction, Impairments};
 use dataplane::sim::Red;
 use dataplane::transport::cq::WorkCompletion;
-use dataplane::transport::perftest::LatKind;
+use dataplane::transport::perftest::{LatKind, Shape};
 use dataplane::transport::qp::{Mtu, Path as TransportPath, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;
 use dataplane::transport::wr::{MAX_SGE, RecvWr, SendOp, SendWr, SgList, Sge, UdDest};

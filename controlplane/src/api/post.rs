@@ -67,6 +67,8 @@ pub(super) struct SendBody {
     pub(super) timeout_ms: Option<u64>,
     #[serde(default)]
     pub(super) duration_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) cq_mod: Option<u32>,
 }
 
 /// A UD send's destination: verbs' address handle (a GID), remote QPN and Q_Key.

@@ -113,6 +113,16 @@ pub(super) struct StreamsBody {
     timeout_ms: Option<u64>,
     #[serde(default)]
     duration_ms: Option<u64>,
+    #[serde(default)]
+    cq_mod: Option<u32>,
+}
+
+/// A stream's `cq_mod` (default 1: every request signalled), 1 to 16384.
+fn cq_mod(v: Option<u32>) -> Result<u32, ApiError> {
+    match v.unwrap_or(1) {
+        m @ 1..=16384 => Ok(m),
+        _ => Err(ApiError::bad("bad_wr", "cq_mod is 1 to 16384")),
+    }
 }
 
 pub(super) async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
@@ -149,8 +159,14 @@ pub(super) async fn streams(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
         }
         qps.push((t.qpn, send_wr(&b.wr)?));
     }
+    let shape = Shape {
+        count,
+        depth,
+        duration,
+        cq_mod: cq_mod(b.cq_mod)?,
+    };
     let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
-    stream_result(blocking(move || s.rdma.streams(qps, count, depth, duration, wait)).await?)
+    stream_result(blocking(move || s.rdma.streams(qps, shape, wait)).await?)
 }
 
 #[derive(Deserialize)]
@@ -361,11 +377,17 @@ pub(super) async fn qp_stream(
         ));
     }
     let (count, duration) = stream_limits(b.count, 1000, b.duration_ms)?;
+    let shape = Shape {
+        count,
+        depth,
+        duration,
+        cq_mod: cq_mod(b.cq_mod)?,
+    };
     let wait = Duration::from_millis(wait_ms) + duration.unwrap_or_default();
     let mut wr = wr;
     let r = blocking(move || {
         wr.ud = ud_dest(&s, qpn, &b)?;
-        Ok::<_, ApiError>(s.rdma.stream(qpn, wr, count, depth, duration, wait)?)
+        Ok::<_, ApiError>(s.rdma.stream(qpn, wr, shape, wait)?)
     })
     .await?;
     stream_result(r)

@@ -17,7 +17,7 @@ use dataplane::port::MacAddr;
 use dataplane::transport::cq::{LatencyHistograms, WcOpcode, WcStatus, WorkCompletion};
 use dataplane::transport::device::{CqState, DeviceError, QpQuery};
 use dataplane::transport::mr::{Access, MrError, MrTable, PdHandle};
-use dataplane::transport::perftest::{LatKind, LatResult, Reply, StreamResult};
+use dataplane::transport::perftest::{LatKind, LatResult, Reply, Shape, StreamResult};
 use dataplane::transport::qp::ModifyError;
 use dataplane::transport::qp::{Mtu, Path, QpAttr, QpState, QpType};
 use dataplane::transport::rc::QpCaps;

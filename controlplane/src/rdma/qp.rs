@@ -241,15 +241,12 @@ impl Rdma {
     pub fn streams(
         &self,
         qps: Vec<(u32, SendWr)>,
-        count: u64,
-        depth: usize,
-        duration: Option<Duration>,
+        shape: Shape,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
         let first = self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
         let codes = ("stream_refused", "stream_ended");
         self.run_test(first, "stream", codes, wait, move |h, now, reply| {
-            let shape = (count, depth, duration);
             h.tests.streams(&mut h.dev, now, qps, shape, reply)
         })
     }

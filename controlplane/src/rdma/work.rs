@@ -49,19 +49,17 @@ impl Rdma {
         }
     }
 
-    /// Posts `count` copies of `wr` on the QP's lcore, `depth` outstanding; waits for them.
+    /// Posts copies of `wr` on the QP's lcore as `shape` says (how many, how many outstanding,
+    /// how often signalled); waits for them.
     pub fn stream(
         &self,
         qpn: u32,
         wr: SendWr,
-        count: u64,
-        depth: usize,
-        duration: Option<Duration>,
+        shape: Shape,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
         let codes = ("stream_refused", "stream_ended");
         self.run_test(qpn, "stream", codes, wait, move |h, now, reply| {
-            let shape = (count, depth, duration);
             h.tests.stream(&mut h.dev, now, qpn, wr, shape, reply)
         })
     }

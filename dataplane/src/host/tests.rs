@@ -170,6 +170,29 @@ fn two_lcores_move_rdma_traffic_over_an_in_memory_link() {
     .unwrap()
     .unwrap();
     assert_eq!((r.completed, r.errors), (2000, 0));
+    // Selective signalling (perftest's --cq-mod): 1003 WRITEs, one in 7 signalled and the
+    // last, 16 outstanding: every one counted, from 144 completions (the histogram of WRITE
+    // completion latency counts them).
+    let writes = |h: &mut crate::host::Shard| h.dev.latencies().by_opcode[1].len();
+    let before = ask(a, move |h, _| writes(h)).unwrap();
+    let r = ask_test(a, WAIT, move |h, now, reply| {
+        let shape = transport::perftest::Shape {
+            count: 1003,
+            depth: 16,
+            duration: None,
+            cq_mod: 7,
+        };
+        h.tests.stream(&mut h.dev, now, pair.qpa, wr, shape, reply)
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!((r.completed, r.errors), (1003, 0));
+    let after = ask(a, move |h, _| writes(h)).unwrap();
+    assert_eq!(
+        after - before,
+        1003 / 7 + 1,
+        "completions only for signalled requests"
+    );
     // Duration mode (perftest's -D): a count it could never reach, stopped by the clock;
     // what was out completes, and none of the count left over is an error.
     let d = Some(core::time::Duration::from_millis(100));

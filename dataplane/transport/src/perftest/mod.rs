@@ -16,7 +16,7 @@ use crate::qp::QpState;
 use crate::wr::{RecvWr, SendWr};
 use latency::Lat;
 pub use latency::{LatKind, LatResult, LatSample};
-pub use stream::{RECV_DRAIN, StreamResult};
+pub use stream::{RECV_DRAIN, Shape, StreamResult};
 use stream::{RecvStream, Stream, StreamReply};
 use wire::time::Instant;
 
@@ -356,7 +356,7 @@ impl Tests {
         now: Instant,
         qpn: u32,
         wr: SendWr,
-        (count, depth, duration): (u64, usize, Option<core::time::Duration>),
+        shape: impl Into<Shape>,
         reply: Reply<StreamResult>,
     ) {
         let Some(i) = dev.index(qpn) else {
@@ -369,12 +369,7 @@ impl Tests {
         if dev.state(i) != Some(QpState::Rts) {
             return reply(Err(TestError::NotRts(qpn)));
         }
-        run.stream = Some(Stream::new(
-            wr,
-            (count, depth, duration),
-            now,
-            StreamReply::One(reply),
-        ));
+        run.stream = Some(Stream::new(wr, shape.into(), now, StreamReply::One(reply)));
         self.drive(dev, i, now);
     }
 
@@ -386,9 +381,10 @@ impl Tests {
         dev: &mut Device,
         now: Instant,
         qps: Vec<(u32, SendWr)>,
-        shape: (u64, usize, Option<core::time::Duration>),
+        shape: impl Into<Shape>,
         reply: Reply<StreamResult>,
     ) {
+        let shape = shape.into();
         let Some((slots, g)) = self.start_group(
             dev,
             qps.iter().map(|q| q.0),

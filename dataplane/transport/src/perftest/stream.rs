@@ -29,6 +29,37 @@ pub struct StreamResult {
     pub best_ns_per_wr: f64,
 }
 
+/// A send stream's shape: `count` requests (in duration mode only a bound), `depth` of them
+/// outstanding at most, posting for `duration` at most, and every `cq_mod`-th request
+/// signalled (perftest's `--cq-mod`, 100 in its bandwidth tests; 1 signals every one). A
+/// completion stands for the requests since the one before it (RC completes in order). The
+/// last request is always signalled; `cq_mod` is held to `depth` (as perftest holds it to
+/// its tx depth), so that some request in every window is; a timed stream signals every
+/// request, since it cannot know which one is last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Requests.
+    pub count: u64,
+    /// Outstanding at most.
+    pub depth: usize,
+    /// Posting for this long at most.
+    pub duration: Option<core::time::Duration>,
+    /// One request in this many signalled.
+    pub cq_mod: u32,
+}
+
+impl From<(u64, usize, Option<core::time::Duration>)> for Shape {
+    /// Every request signalled.
+    fn from((count, depth, duration): (u64, usize, Option<core::time::Duration>)) -> Shape {
+        Shape {
+            count,
+            depth,
+            duration,
+            cq_mod: 1,
+        }
+    }
+}
+
 /// Where a finished stream reports.
 pub(super) enum StreamReply {
     /// Its own caller.
@@ -39,9 +70,18 @@ pub(super) enum StreamReply {
 
 /// A stream of identical work requests kept posted.
 pub(super) struct Stream {
+    /// The request, signalled.
     wr: SendWr,
+    /// The request, not signalled.
+    quiet: SendWr,
     depth: usize,
+    cq_mod: u64,
+    /// Requests posted since the last signalled one.
+    unsignaled: u64,
     to_post: u64,
+    /// `to_post` when the request the latest completion was for was posted (one more than
+    /// the count before any).
+    completed_at: u64,
     outstanding: usize,
     pub(super) done: u64,
     errors: u64,
@@ -72,16 +112,33 @@ pub(super) fn post_copy(
 impl Stream {
     /// A stream starting `now`: `count` copies of `wr`, `depth` outstanding, posting for
     /// `duration` at most.
-    pub(super) fn new(
-        wr: SendWr,
-        (count, depth, duration): (u64, usize, Option<core::time::Duration>),
-        now: Instant,
-        reply: StreamReply,
-    ) -> Stream {
+    pub(super) fn new(wr: SendWr, shape: Shape, now: Instant, reply: StreamReply) -> Stream {
+        let Shape {
+            count,
+            depth,
+            duration,
+            cq_mod,
+        } = shape;
+        let depth = depth.max(1);
+        let cq_mod = if duration.is_some() {
+            1
+        } else {
+            (cq_mod as u64).clamp(1, depth as u64)
+        };
         Stream {
-            wr,
-            depth: depth.max(1),
+            wr: SendWr {
+                signaled: true,
+                ..wr
+            },
+            quiet: SendWr {
+                signaled: false,
+                ..wr
+            },
+            depth,
+            cq_mod,
+            unsignaled: 0,
             to_post: count,
+            completed_at: count.wrapping_add(1),
             outstanding: 0,
             done: 0,
             errors: 0,
@@ -115,11 +172,21 @@ impl Stream {
         now: Instant,
     ) -> (bool, Option<StreamResult>) {
         let before = self.done;
+        let base = self.wr.wr_id;
         scq.drain_each(|c| {
-            self.outstanding = self.outstanding.saturating_sub(1);
+            // The requests from the one after the previous completion's to this one's: the
+            // ones before it succeeded (in order), it may not have.
+            let at = c.wr_id.wrapping_sub(base);
+            let covered = self
+                .completed_at
+                .wrapping_sub(at)
+                .clamp(1, self.outstanding.max(1) as u64);
+            self.completed_at = at;
+            self.outstanding = self.outstanding.saturating_sub(covered as usize);
             if c.status == WcStatus::Success {
-                self.done += 1;
+                self.done += covered;
             } else {
+                self.done += covered - 1;
                 self.errors += 1;
             }
         });
@@ -135,9 +202,13 @@ impl Stream {
         }
         while self.to_post > 0 && self.outstanding < self.depth {
             let id = self.wr.wr_id.wrapping_add(self.to_post);
-            if post_copy(qp, mrs, &self.wr, id).is_err() {
+            // Every cq_mod-th request from the start, and the last.
+            let signal = self.unsignaled + 1 == self.cq_mod || self.to_post == 1;
+            let wr = if signal { &self.wr } else { &self.quiet };
+            if post_copy(qp, mrs, wr, id).is_err() {
                 break;
             }
+            self.unsignaled = if signal { 0 } else { self.unsignaled + 1 };
             self.to_post -= 1;
             self.outstanding += 1;
             posted = true;
