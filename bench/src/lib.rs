@@ -261,6 +261,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `roced` with configuration `cfg` (written to `dir/NAME.toml`, its log beside).
     pub fn start(roced: &Path, name: &str, cfg: &str, dir: &Path) -> Result<Node, String> {
         let path = dir.join(format!("{name}.toml"));
@@ -318,19 +323,39 @@ impl MemifPair {
         ports: (u16, u16),
         dir: &Path,
     ) -> Result<MemifPair, String> {
+        Self::start_on(roced, tag, net, (&[cpus.0], &[cpus.1]), ports, dir)
+    }
+
+    /// [`MemifPair::start`] with an lcore on each of `lcores.0`'s CPUs for a and `lcores.1`'s
+    /// for b (a larger machine's layout; on 2 CPUs, one each).
+    pub fn start_on(
+        roced: &Path,
+        tag: &str,
+        net: u8,
+        lcores: (&[usize], &[usize]),
+        ports: (u16, u16),
+        dir: &Path,
+    ) -> Result<MemifPair, String> {
+        let list = |c: &[usize]| {
+            c.iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let cpus = (list(lcores.0), list(lcores.1));
         let _ = std::fs::create_dir_all("/run/ferroce");
         let _ = std::fs::remove_file(MEMIF_SOCK);
-        let cfg = |name: &str, role: &str, cpu: usize, me: u8, peer: u8, port: u16| {
+        let cfg = |name: &str, role: &str, cpu: &str, me: u8, peer: u8, port: u16| {
             format!(
                 "[eal]\nfile_prefix = \"ferroce-{tag}-{name}\"\n[dataplane]\nlcores = [{cpu}]\nmbufs = 32767\n\
                  [[ports]]\ndevice = \"net_memif0,role={role},socket={MEMIF_SOCK},bsize={BSIZE}\"\nmtu = 9000\n\
                  addresses = [\"10.{net}.0.{me}/24\"]\nprobes = [\"10.{net}.0.{peer}\"]\n[api]\nlisten = \"127.0.0.1:{port}\"\n"
             )
         };
-        let a = Node::start(roced, "a", &cfg("a", "server", cpus.0, 1, 2, ports.0), dir)?;
+        let a = Node::start(roced, "a", &cfg("a", "server", &cpus.0, 1, 2, ports.0), dir)?;
         // The memif server's socket must exist before the client starts.
         std::thread::sleep(Duration::from_millis(1500));
-        let b = Node::start(roced, "b", &cfg("b", "client", cpus.1, 2, 1, ports.1), dir)?;
+        let b = Node::start(roced, "b", &cfg("b", "client", &cpus.1, 2, 1, ports.1), dir)?;
         let pair = MemifPair {
             a,
             b,
