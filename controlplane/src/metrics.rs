@@ -95,6 +95,7 @@ pub fn render(
     impairment(&f, st)?;
     applications(&f, apps)?;
     zero_copy(&f)?;
+    qp_memory(&f, st)?;
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&f.0.gather(), &mut out)
@@ -178,6 +179,28 @@ fn applications(f: &Families, apps: &[(serde_json::Value, AppCounters)]) -> Resu
 /// Application memory registered with DPDK so that frames carry its bytes attached, and the
 /// registrations refused (DPDK's memseg lists all taken, IOVA as PA with a physical device):
 /// those regions still work, their bytes copied into frames.
+/// The node's QP memory: what its QPs' caps reserve and the most they may (creating past it
+/// answers 409 `out_of_resources`).
+fn qp_memory(f: &Families, st: &ApiState) -> Result<(), String> {
+    let (held, budget) = st.rdma.qp_memory();
+    let none: &[&str] = &[];
+    f.int_gauge(
+        "ferroce_qp_memory_bytes",
+        "memory the node's QPs reserve by their caps (queues at full depth, inline slots, CQs)",
+        &[],
+    )?
+    .with_label_values(none)
+    .set(held as i64);
+    f.int_gauge(
+        "ferroce_qp_memory_limit_bytes",
+        "the most memory the node's QPs may reserve (three quarters of the machine's)",
+        &[],
+    )?
+    .with_label_values(none)
+    .set(budget as i64);
+    Ok(())
+}
+
 fn zero_copy(f: &Families) -> Result<(), String> {
     let z = dataplane::dpdk::zero_copy_stats();
     let none: &[&str] = &[];

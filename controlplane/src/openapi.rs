@@ -211,7 +211,7 @@ pub fn document() -> Value {
         "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000}});
     let mut recv_streams_props = recv_stream_props.clone();
     recv_streams_props["qpns"] =
-        json!({"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s});
+        json!({"type": "array", "minItems": 1, "maxItems": crate::api::MAX_BULK, "items": u32s});
     let recv_stream_done = json_ok(
         200,
         "done: from the first arrival to the last (timed: the window)",
@@ -232,7 +232,7 @@ pub fn document() -> Value {
         recv_stream_done)});
     let bulk_path = json!({"post": op("Create `count` RC QPs (in RESET) on one lcore, all or none: a perftest run with several QPs",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["count"],
-            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 200000},
+            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": crate::api::MAX_BULK},
                 "lcore": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
                 "max_send_wr": u32s, "max_recv_wr": u32s,
                 "max_inline_data": {"type": "integer", "minimum": 0, "maximum": 512},
@@ -241,7 +241,7 @@ pub fn document() -> Value {
             "qpns": {"type": "array", "items": u32s}, "lcore": {"type": "integer"}}}), &[400, 409, 503]))});
     let bulk_connect_path = json!({"post": op("Connect several QPs to RTS with shared attributes, all or none (the connected ones go back to RESET on a failure)",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "attr"],
-            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
+            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": crate::api::MAX_BULK, "items": {
                 "type": "object", "additionalProperties": false, "required": ["qpn", "remote_qpn", "remote_psn"],
                 "properties": {"qpn": u32s, "remote_qpn": {"type": "integer", "minimum": 0, "maximum": 16777215},
                     "remote_psn": {"type": "integer", "minimum": 0, "maximum": 16777215},
@@ -263,7 +263,7 @@ pub fn document() -> Value {
         json_ok(200, "applications", json!({"type": "array", "items": app}), &[]))});
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr"],
-            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": 200000, "items": {
+            "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": crate::api::MAX_BULK, "items": {
                 "type": "object", "additionalProperties": false, "required": ["qpn"],
                 "properties": {"qpn": u32s, "remote_addr": u64s, "rkey": u32s}}},
                 "wr": {"type": "object", "additionalProperties": false, "required": ["opcode"], "properties": send_props.clone()},
@@ -423,7 +423,7 @@ pub fn document() -> Value {
             "/v1/qps/bulk/connect": bulk_connect_path,
             "/v1/qps/bulk/destroy": {"post": op("Destroy several QPs, none if one of them does not exist", vec![],
                 Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpns"],
-                    "properties": {"qpns": {"type": "array", "minItems": 1, "maxItems": 200000, "items": u32s}}}))),
+                    "properties": {"qpns": {"type": "array", "minItems": 1, "maxItems": crate::api::MAX_BULK, "items": u32s}}}))),
                 json_ok(200, "destroyed", json!({"type": "object", "properties": {"destroyed": {"type": "integer"}}}),
                     &[400, 404, 503]))},
             "/v1/streams": streams_path,

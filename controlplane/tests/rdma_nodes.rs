@@ -2050,3 +2050,58 @@ fn a_token_guards_every_endpoint_but_health() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("api.token"));
 }
+
+#[test]
+fn qps_past_the_nodes_memory_are_refused_whole_and_leave_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("qpmem", 7620);
+    let api = &n.api[0];
+    let scrape = |name: &str| {
+        let m = String::from_utf8(api.get_bytes("/metrics").1).unwrap();
+        series(&m, name).unwrap_or_else(|| panic!("{name} missing:\n{m}")) as usize
+    };
+    let limit = scrape("ferroce_qp_memory_limit_bytes");
+    let held0 = scrape("ferroce_qp_memory_bytes");
+    assert!(limit > held0, "{limit} {held0}");
+    let big = json!({"max_send_wr": 16384, "max_recv_wr": 16384, "max_inline_data": 512});
+    // One QP with the deepest queues: what it reserves shows in the gauge.
+    let mut one = big.clone();
+    one["lcore"] = json!(0);
+    let q = api.ok(api.post("/v1/qps", one))["qpn"].as_u64().unwrap();
+    let each = scrape("ferroce_qp_memory_bytes") - held0;
+    assert!(
+        each > 16384 * 512,
+        "queues and inline slots at full depth: {each}"
+    );
+    let listed = api.ok(api.get("/v1/qps")).as_array().unwrap().len();
+    // One more of them than the rest of the memory holds: refused at once, whole.
+    let fit = (limit - held0 - each) / each;
+    for count in [fit + 1, 200_000] {
+        let mut b = big.clone();
+        b["count"] = json!(count);
+        let t = std::time::Instant::now();
+        let (status, v) = api.post("/v1/qps/bulk", b);
+        assert_eq!(status, 409, "{count}: {v}");
+        assert_eq!(v["code"], "out_of_resources", "{v}");
+        let msg = v["message"].as_str().unwrap();
+        assert!(
+            msg.contains("MiB") && msg.contains(&count.to_string()),
+            "{msg}"
+        );
+        eprintln!("{count} QPs refused in {:?}: {msg}", t.elapsed());
+    }
+    assert_eq!(api.ok(api.get("/v1/qps")).as_array().unwrap().len(), listed);
+    assert_eq!(scrape("ferroce_qp_memory_bytes"), held0 + each);
+    // Smaller caps still fit, and destroying gives the memory back.
+    let (status, v) = api.post(
+        "/v1/qps/bulk",
+        json!({"count": 1000, "max_send_wr": 2, "max_recv_wr": 1}),
+    );
+    assert_eq!(status, 201, "{v}");
+    let qpns = v["qpns"].clone();
+    assert!(scrape("ferroce_qp_memory_bytes") > held0 + each);
+    api.ok(api.post("/v1/qps/bulk/destroy", json!({"qpns": qpns})));
+    api.ok(api.delete(&format!("/v1/qps/{q}")));
+    assert_eq!(scrape("ferroce_qp_memory_bytes"), held0);
+    n.stop();
+}

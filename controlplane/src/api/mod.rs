@@ -49,6 +49,7 @@ use mr::*;
 use pd::*;
 pub use post::OPCODES;
 use post::*;
+pub use qp::MAX_BULK;
 use qp::*;
 use stats::*;
 use traffic::*;
@@ -155,8 +156,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
-/// Largest request body the API reads (axum's default is 2 MiB).
-pub const MAX_BODY: usize = 64 << 20;
+/// Largest request body the API reads (axum's default is 2 MiB): a bulk request on
+/// [`MAX_BULK`] QPs at about 100 bytes of JSON each.
+pub const MAX_BODY: usize = 128 << 20;
 
 /// With a token set, every request but the liveness check must carry it as a bearer token.
 async fn authorize(

@@ -434,8 +434,8 @@ pub(super) struct BulkBody {
     cc: Option<String>,
 }
 
-/// Most QPs one bulk request creates.
-pub(super) const MAX_BULK: usize = 200_000;
+/// Most QPs one bulk request creates, connects, destroys or streams on: an lcore's worth.
+pub const MAX_BULK: usize = 1 << 20;
 
 pub(super) async fn qp_bulk_create(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let b: BulkBody = body(&b)?;

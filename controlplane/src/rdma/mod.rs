@@ -25,6 +25,7 @@ use dataplane::transport::wr::{RecvWr, SendWr, UdDest};
 use dataplane::wire::Psn;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,8 +38,9 @@ mod work;
 const LCORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connect waits for the remote GID's MAC.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
-/// QPs a node holds at most (a device's max_qp).
-pub const MAX_QPS: usize = 1 << 18;
+/// QPs a node holds at most (a device's max_qp): two lcores' worth, each lcore holding up to
+/// 2^20 (the QPN bits below its shard, `QPN_SHARD_SHIFT`) less the two special QPs on the first.
+pub const MAX_QPS: usize = 1 << 21;
 /// QPs one lcore command creates at most (a bulk create sends several).
 const BULK_CHUNK: usize = 1024;
 /// Largest region one registration may ask for.
@@ -312,6 +314,8 @@ struct QpMeta {
     /// at random when it is created (as perftest and rdma-core's examples draw theirs), so
     /// that an off-path sender cannot guess where its sequence stands.
     psn: u32,
+    /// What it takes of the node's QP memory (`dataplane::transport::device::qp_footprint`).
+    bytes: usize,
 }
 
 /// QP `qpn`'s entry in the QP table, or 404.
@@ -351,6 +355,25 @@ pub struct Rdma {
     /// each IPv4 address IPv4-mapped, then each IPv6 address).
     gids: Vec<Vec<std::net::Ipv6Addr>>,
     line_bps: f64,
+    /// Bytes the node's QPs may take at most (see [`qp_memory_budget`]).
+    qp_budget: usize,
+    /// Bytes its QPs take now: changed only under the QP table's lock.
+    qp_bytes: AtomicUsize,
+}
+
+/// The memory a node's QPs may take together, by the footprint each QP's caps give it (its
+/// queues at full depth, inline slots and CQs, as a device sizes QP contexts): three
+/// quarters of the machine's memory. Creating a QP past it fails at once with 409
+/// `out_of_resources` (an RNIC's ENOMEM), where it would otherwise page the machine to a
+/// standstill or end the process on a failed allocation.
+pub fn qp_memory_budget() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            .map(|kib| kib << 10)
+    });
+    total.unwrap_or(16 << 30) / 4 * 3
 }
 
 impl core::fmt::Debug for Rdma {
@@ -446,7 +469,37 @@ impl Rdma {
             mtus: Vec::new(),
             app_ahs: Mutex::new(Vec::new()),
             line_bps,
+            qp_budget: qp_memory_budget(),
+            qp_bytes: AtomicUsize::new(0),
         }
+    }
+
+    /// The node's QP memory: bytes its QPs take and the most they may.
+    pub fn qp_memory(&self) -> (usize, usize) {
+        (self.qp_bytes.load(Ordering::Relaxed), self.qp_budget)
+    }
+
+    /// What `count` QPs with `caps` would take of the QP memory, if it fits (the caller holds
+    /// the QP table's lock and adds it once they exist), else 409 `out_of_resources`.
+    fn qp_room(&self, count: usize, caps: &QpCaps) -> Result<usize, RdmaError> {
+        let each = dataplane::transport::device::qp_footprint(caps);
+        let want = each.saturating_mul(count);
+        let held = self.qp_bytes.load(Ordering::Relaxed);
+        if want > self.qp_budget.saturating_sub(held) {
+            let mib = |b: usize| b >> 20;
+            return Err(RdmaError::conflict(
+                "out_of_resources",
+                format!(
+                    "{count} QP(s) with these caps take {} MiB ({each} B each: queues at full \
+                     depth, inline slots and CQs), and the node's QP memory has {} MiB of {} MiB \
+                     left: fewer QPs, shallower queues or less inline data fit",
+                    mib(want),
+                    mib(self.qp_budget.saturating_sub(held)),
+                    mib(self.qp_budget)
+                ),
+            ));
+        }
+        Ok(want)
     }
 
     /// Port `port`'s MTU (1500 unless the node said otherwise).

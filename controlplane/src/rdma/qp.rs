@@ -81,6 +81,7 @@ impl Rdma {
                 format!("the node holds {MAX_QPS} QPs already"),
             ));
         }
+        let bytes = self.qp_room(1, &caps)?;
         let lcore = match cq_lcore {
             Some(l) => l,
             None => self.pick_lcore(lcore, &qps)?,
@@ -98,8 +99,10 @@ impl Rdma {
                 pd,
                 cqs: opts.cqs,
                 psn,
+                bytes,
             },
         );
+        self.qp_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok((qpn, lcore, psn))
     }
 
@@ -129,6 +132,8 @@ impl Rdma {
                 ),
             ));
         }
+        self.qp_room(count, &caps)?;
+        let each = dataplane::transport::device::qp_footprint(&caps);
         let lcore = self.pick_lcore(lcore, &qps)?;
         // In chunks, so the lcore never stops polling its queues for long.
         let mut made: Vec<u32> = Vec::with_capacity(count);
@@ -155,9 +160,12 @@ impl Rdma {
                     pd,
                     cqs: [None; 2],
                     psn: random_psn(),
+                    bytes: each,
                 },
             );
         }
+        self.qp_bytes
+            .fetch_add(each * made.len(), Ordering::Relaxed);
         Ok((made, lcore))
     }
 
@@ -230,7 +238,9 @@ impl Rdma {
                 let qs = chunk.to_vec();
                 self.ask(l, move |h, _| h.dev.destroy_qps(&qs))?;
                 for q in chunk {
-                    t.remove(q);
+                    if let Some(m) = t.remove(q) {
+                        self.qp_bytes.fetch_sub(m.bytes, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -328,7 +338,9 @@ impl Rdma {
         let mut qps = self.qps.lock().expect("qp table");
         let l = meta(&qps, qpn)?.lcore;
         self.ask(l, move |h, _| h.dev.destroy_qp(qpn))?;
-        qps.remove(&qpn);
+        if let Some(m) = qps.remove(&qpn) {
+            self.qp_bytes.fetch_sub(m.bytes, Ordering::Relaxed);
+        }
         Ok(())
     }
 

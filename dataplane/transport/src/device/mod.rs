@@ -182,6 +182,17 @@ pub struct Slot {
     event: bool,
 }
 
+/// Bytes of memory a QP with `caps` takes on its lcore from the moment it is created: its
+/// slot, its queues at full depth with their inline slots, and its own two CQs (twice each
+/// queue's depth). A node budgets its QPs by this, as a device sizes QP contexts by their
+/// caps, so that creating QPs fails with a clear error rather than exhausting memory.
+pub fn qp_footprint(caps: &QpCaps) -> usize {
+    let cqes = 2 * (caps.max_send_wr as usize + caps.max_recv_wr as usize);
+    std::mem::size_of::<Option<Slot>>()
+        + caps.queue_bytes()
+        + cqes * std::mem::size_of::<crate::cq::WorkCompletion>()
+}
+
 /// One shard of an RNIC: its QPs, CQs, memory regions, ready list and timers.
 pub struct Device {
     shard: u32,
@@ -575,5 +586,33 @@ impl Device {
         self.slots.clear();
         self.ready.clear();
         self.events.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_qps_footprint_grows_with_its_queues_and_inline_slots() {
+        let d = QpCaps::default();
+        let base = qp_footprint(&d);
+        println!("default caps: {base} B");
+        let deeper = qp_footprint(&QpCaps {
+            max_send_wr: 2 * d.max_send_wr,
+            ..d
+        });
+        let inline = qp_footprint(&QpCaps {
+            max_inline_data: 64,
+            ..d
+        });
+        let small = qp_footprint(&QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            ..d
+        });
+        println!("send queue twice as deep: {deeper} B, 64 B inline: {inline} B, 1/1: {small} B");
+        assert!(deeper > base && inline == base + 64 * d.max_send_wr as usize);
+        assert!(small < base / 10 && small >= std::mem::size_of::<Option<Slot>>());
     }
 }

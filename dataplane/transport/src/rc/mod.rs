@@ -152,6 +152,16 @@ impl QpCaps {
         )?;
         r(self.max_inline_data <= MAX_INLINE_DATA, "max_inline_data")
     }
+
+    /// Heap bytes a QP with these caps holds from its creation: the send and receive queues
+    /// at their full depth and the send queue's inline slots (what a device sizes its QP
+    /// context by; the lcore's slot and the QP's CQs are the device's, see
+    /// [`crate::device::qp_footprint`]).
+    pub fn queue_bytes(&self) -> usize {
+        let (s, r) = (self.max_send_wr as usize, self.max_recv_wr as usize);
+        s * (std::mem::size_of::<SendWqe>() + self.max_inline_data as usize)
+            + r * std::mem::size_of::<RecvWr>()
+    }
 }
 
 impl SendWqe {
