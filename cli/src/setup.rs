@@ -172,11 +172,11 @@ impl Drop for Resources<'_> {
         if let Some(q) = self.qp {
             let _ = self.c.call("DELETE", &format!("/v1/qps/{q}"), None);
         }
-        if !self.qps.is_empty() {
+        for part in self.qps.chunks(crate::perf::BULK) {
             let _ = self.c.call(
                 "POST",
                 "/v1/qps/bulk/destroy",
-                Some(json!({"qpns": self.qps})),
+                Some(json!({ "qpns": part })),
             );
         }
         if let Some(k) = self.mr {
