@@ -62,6 +62,13 @@ struct Args {
 enum Sub {
     /// (internal) the kernel baselines' server, on IP.
     Serve { ip: String },
+    /// Only the QP scaling rows (these counts) and the idle-QP step (this many; 0 skips it).
+    Scale {
+        #[arg(long, value_delimiter = ',', default_values_t = QP_COUNTS)]
+        qps: Vec<usize>,
+        #[arg(long, default_value_t = 1_000_000)]
+        idle: usize,
+    },
 }
 
 /// What one `rocectl perf` run gave (the client's JSON).
@@ -471,6 +478,90 @@ fn idle_qps(node: &bench::Node, total: usize) -> Result<IdleQps, String> {
     })
 }
 
+/// The perftest exchange's TCP ports, a new one per run (from 18801).
+fn ports() -> impl FnMut() -> u16 {
+    let mut port = 18800u16;
+    move || {
+        port += 1;
+        port
+    }
+}
+
+/// QP scaling: 64 B WRITEs on each count of QPs, 2 outstanding per QP, about 400k messages in
+/// all (at least 4 per QP); a failure is a result here, recorded with its reason.
+fn qp_scaling(
+    s: &str,
+    c: &str,
+    counts: &[usize],
+    quick: bool,
+    next_port: &mut dyn FnMut() -> u16,
+    p: &mut Progress,
+) -> Vec<(usize, Result<Run, String>)> {
+    let mut scale = Vec::new();
+    for &q in counts {
+        let n = ((400_000 / q as u64).max(4) / if quick { 10 } else { 1 }).max(4);
+        p.say(&format!("write bw 64 B on {q} QPs x {n}"));
+        let (qs, it) = (q.to_string(), n.to_string());
+        let r = perf(
+            s,
+            c,
+            &["write", "bw", "-s", "64", "-n", &it, "-q", &qs, "-t", "2"],
+            next_port(),
+        )
+        .map(|x| x.0);
+        scale.push((q, r));
+    }
+    scale
+}
+
+/// `perf_report scale`: the QP scaling rows and the idle-QP step alone, on fresh nodes
+/// (for working on them; the report's own figures come from its one full run).
+fn scale_only(a: &Args, counts: &[usize], idle: usize) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("ferroce-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut p = Progress {
+        step: 0,
+        total: counts.len() + 1,
+        t0: Instant::now(),
+    };
+    let nodes = start_nodes(a, &dir)?;
+    let (s, c) = (nodes.a.api.clone(), nodes.b.api.clone());
+    let mut next_port = ports();
+    let scale = qp_scaling(&s, &c, counts, a.quick, &mut next_port, &mut p);
+    p.say(&format!("{idle} idle RC QPs on one lcore"));
+    let idle = (idle > 0).then(|| idle_qps(&nodes.a, idle));
+    nodes.stop();
+    let one = scale
+        .iter()
+        .find_map(|(q, r)| (*q == 1).then_some(r.as_ref().ok()).flatten())
+        .map(|r| f(r, "msg_rate_mpps"));
+    for (q, r) in &scale {
+        match r {
+            Ok(r) => {
+                let m = f(r, "msg_rate_mpps");
+                let vs = one.map_or(String::new(), |o| format!(" ({:.3} of 1 QP)", m / o));
+                println!(
+                    "{q} QPs: {m:.3} M msgs/s{vs}, {} iterations",
+                    r["iterations"]
+                );
+            }
+            Err(e) => println!("{q} QPs: failed: {e}"),
+        }
+    }
+    match idle {
+        Some(Ok(i)) => println!(
+            "{} idle QPs: {:.0} B RSS + {:.0} B hugepages per QP, created in {:.1} s",
+            i.qps,
+            i.rss_bytes as f64 / i.qps as f64,
+            i.huge_bytes as f64 / i.qps as f64,
+            i.create_s
+        ),
+        Some(Err(e)) => println!("idle QPs: failed: {e}"),
+        None => {}
+    }
+    Ok(())
+}
+
 /// Iterations for a bandwidth run of `size` bytes: about 512 MiB, 2,000 to 200,000 messages.
 fn bw_iters(size: u64, quick: bool) -> u64 {
     let n = ((512u64 << 20) / size).clamp(2000, 200_000);
@@ -574,7 +665,11 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
-    match run(&a) {
+    let r = match &a.cmd {
+        Some(Sub::Scale { qps, idle }) => scale_only(&a, qps, *idle),
+        _ => run(&a),
+    };
+    match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("perf_report: {e}");
@@ -597,7 +692,7 @@ const SIZES: [u64; 11] = [
     1 << 20,
 ];
 const LAT_SIZES: [u64; 4] = [8, 64, 4096, 65536];
-const QP_COUNTS: [usize; 5] = [1, 16, 1000, 10_000, 100_000];
+const QP_COUNTS: [usize; 6] = [1, 16, 1000, 10_000, 100_000, 1_000_000];
 
 fn run(a: &Args) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("ferroce-report-{}", std::process::id()));
@@ -622,11 +717,7 @@ fn run(a: &Args) -> Result<(), String> {
     // 2. ferroce node to node.
     let nodes = start_nodes(a, &dir)?;
     let (s, c) = (nodes.a.api.clone(), nodes.b.api.clone());
-    let mut port = 18800u16;
-    let mut next_port = || {
-        port += 1;
-        port
-    };
+    let mut next_port = ports();
     let result = (|| -> Result<_, String> {
         let mut bw: Vec<(&str, u64, Run)> = Vec::new();
         for op in ["write", "read", "send"] {
@@ -664,22 +755,7 @@ fn run(a: &Args) -> Result<(), String> {
         p.say("atomic lat (fetch-add)");
         let n = if a.quick { "2000" } else { "20000" };
         let (alat, _) = perf(&s, &c, &["atomic", "lat", "-n", n], next_port())?;
-        // QP scaling: 64 B WRITEs, 2 outstanding per QP, about 400k messages in all (at least
-        // 4 per QP); a failure is a result here, recorded with its reason.
-        let mut scale: Vec<(usize, Result<Run, String>)> = Vec::new();
-        for q in QP_COUNTS {
-            let n = (400_000 / q as u64).max(4) / if a.quick { 10 } else { 1 };
-            p.say(&format!("write bw 64 B on {q} QPs x {n}"));
-            let (qs, it) = (q.to_string(), n.max(4).to_string());
-            let r = perf(
-                &s,
-                &c,
-                &["write", "bw", "-s", "64", "-n", &it, "-q", &qs, "-t", "2"],
-                next_port(),
-            )
-            .map(|x| x.0);
-            scale.push((q, r));
-        }
+        let scale = qp_scaling(&s, &c, &QP_COUNTS, a.quick, &mut next_port, &mut p);
         // What an idle QP costs: a million on node a's lcore.
         p.say("1,000,000 idle RC QPs on one lcore: memory per QP");
         let idle = idle_qps(&nodes.a, 1_000_000);
