@@ -16,6 +16,10 @@ fn error_responses(codes: &[u16]) -> serde_json::Map<String, Value> {
             404 => "no such object",
             409 => "the object's state does not allow it now (or the node lacks the memory)",
             503 => "an lcore did not answer",
+            504 => {
+                "the test did not finish in timeout_ms: it was stopped and its QPs moved to ERR \
+                 (modify them to RESET to use them again)"
+            }
             _ => "error",
         };
         m.insert(
@@ -218,7 +222,7 @@ pub fn document() -> Value {
         json!({"type": "object", "properties": {
         "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
         "best_ns_per_wr": {"type": "number", "nullable": true}}}),
-        &[400, 404, 409, 503],
+        &[400, 404, 409, 503, 504],
     );
     let recv_stream_path = json!({"post": op("The QP's lcore receives `count` messages itself, `posted` receives of this one already posted, reposting as they complete (perftest's SEND bandwidth server)",
         vec![qpn()],
@@ -275,13 +279,13 @@ pub fn document() -> Value {
                     "description": "stop posting after this long (perftest's -D); count (or duration_ms) is required"}}}))),
         json_ok(200, "done: the sum over the QPs, from the start to the last completion", json!({"type": "object", "properties": {
             "completed": u64s, "errors": u64s, "elapsed_ns": u64s,
-            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503]))});
+            "best_ns_per_wr": {"type": "number", "nullable": true}}}), &[400, 404, 409, 503, 504]))});
     let latency_path = json!({"post": op("One of perftest's latency tests on the QP's lcore: request (READ/atomic, one at a time), write (WRITE ping-pong: poll is the byte the peer's WRITE sets, mark the last byte of ours) or send (SEND ping-pong over rx_depth receives already posted, reposted from recv)",
         vec![qpn()], Some(body(lat_body)),
         json_ok(200, "when each iteration was posted (ns from the first; empty for a timed test), or a timed test's sample", json!({"type": "object", "properties": {
             "posted_ns": {"type": "array", "items": u64s}, "errors": u64s,
             "failure": {"type": "string", "nullable": true}, "elapsed_ns": u64s,
-            "sample": {"type": "object", "nullable": true, "properties": {"iters": u64s, "window_ns": u64s}}}}), &[400, 404, 409, 503]))});
+            "sample": {"type": "object", "nullable": true, "properties": {"iters": u64s, "window_ns": u64s}}}}), &[400, 404, 409, 503, 504]))});
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -417,7 +421,7 @@ pub fn document() -> Value {
                     "errors": u64s, "elapsed_ns": u64s,
                     "best_ns_per_wr": {"type": "number", "nullable": true,
                         "description": "fewest ns per work request from the first post to any completion (perftest's peak)"}}}),
-                    &[400, 404, 409, 503]))},
+                    &[400, 404, 409, 503, 504]))},
             "/v1/qps/{qpn}/latency": latency_path,
             "/v1/qps/bulk": bulk_path,
             "/v1/qps/bulk/connect": bulk_connect_path,

@@ -565,6 +565,32 @@ fn wrong_input_at_each_step_gets_a_clear_error_and_changes_nothing() {
     assert_eq!(get(b, kb, ab + 40, 8), b"datagram");
     // 10.89.0.1's IPv4 header sits in the GRH's last 20 bytes.
     assert_eq!(get(b, kb, ab + 32, 4), [10, 89, 0, 1]);
+    // A test that does not finish in its timeout_ms is stopped, as a killed perftest leaves
+    // it (504 timeout, its QP in ERR), and the QP is usable again from RESET; the node
+    // answers on.
+    let body = json!({"count": 8_923_980, "timeout_ms": 0, "sge": [], "wr_id": 0});
+    let r = b.post(&format!("/v1/qps/{qb}/recv-stream"), body);
+    assert_eq!(code(r), (504, "timeout".into()));
+    assert_eq!(b.ok(b.get(&format!("/v1/qps/{qb}")))["state"], "ERR");
+    let r = b.ok(b.post(&format!("/v1/qps/{qb}/modify"), json!({"state": "RESET"})));
+    assert_eq!(r["state"], "RESET");
+    let again = json!({"qpns": [qb], "count": 1, "timeout_ms": 0});
+    assert_eq!(
+        code(b.post("/v1/recv-streams", again)),
+        (409, "stream_refused".into()),
+        "a QP in RESET refuses a test before any timeout"
+    );
+    let r = a.post(
+        &format!("/v1/qps/{q}/stream"),
+        json!({"opcode": "write", "sge": sge(addr, 8, key), "remote_addr": 0, "rkey": 1,
+               "count": 100_000_000, "timeout_ms": 0}),
+    );
+    let (status, c) = code(r);
+    assert!(
+        status == 504 && c == "timeout" || status == 200,
+        "{status} {c}: a stream stopped at its timeout, or one that ended on its first error"
+    );
+    assert_eq!(a.ok(a.get(&format!("/v1/qps/{q}")))["state"], "ERR");
     n.stop();
 }
 
@@ -1078,6 +1104,9 @@ fn rocectl_protection_domains_and_shared_cqs_behave_as_verbs_objects() {
     let (code, _, err) = rocectl(b, &["pd", "destroy", &pb]);
     assert_eq!(code, 1, "B's region is still in the PD");
     assert!(err.contains("pd_busy"), "{err}");
+    // The error names the call that failed (perf makes many).
+    let call = format!("(HTTP 409 to DELETE /v1/pds/{pb})");
+    assert!(err.contains(&call), "{err}");
     rocectl_json(b, &["mr", "dereg", &kb]);
     rocectl_json(a, &["pd", "destroy", &pa]);
     rocectl_json(b, &["pd", "destroy", &pb]);

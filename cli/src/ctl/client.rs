@@ -81,7 +81,12 @@ impl Client {
             let msg = v["message"]
                 .as_str()
                 .map_or_else(|| v.to_string(), String::from);
-            Err(Fail(1, format!("{code}: {msg} (HTTP {status})")))
+            // The request too: a command of several calls (perf) says which one failed.
+            let path = path.split('?').next().unwrap_or(path);
+            Err(Fail(
+                1,
+                format!("{code}: {msg} (HTTP {status} to {method} {path})"),
+            ))
         }
     }
 

@@ -45,6 +45,7 @@ impl From<RdmaError> for ApiError {
             Refusal::NotFound => 404,
             Refusal::Conflict => 409,
             Refusal::Unavailable => 503,
+            Refusal::TimedOut => 504,
             Refusal::Internal => 500,
         };
         ApiError {

@@ -57,6 +57,8 @@ pub enum Refusal {
     Conflict,
     /// An lcore did not answer.
     Unavailable,
+    /// A test did not finish in the time its caller gave it (it was stopped).
+    TimedOut,
     /// The node could not do it.
     Internal,
 }
@@ -139,7 +141,9 @@ impl From<DeviceError> for RdmaError {
             DeviceError::CqInUse { .. } => {
                 RdmaError::conflict("cq_busy", format!("{msg}: destroy those QPs first"))
             }
-            DeviceError::NoCqNumbers => RdmaError::conflict("too_many", msg),
+            DeviceError::NoCqNumbers | DeviceError::NoQpNumbers => {
+                RdmaError::conflict("too_many", msg)
+            }
             DeviceError::Mr(m) => mr_error(m),
             DeviceError::Caps(_) => RdmaError::bad("bad_caps", msg),
             // An attribute out of range, missing or not for this transition is the request's

@@ -145,8 +145,11 @@ impl Rdma {
             match r {
                 Ok(q) => made.extend(q),
                 Err(e) => {
-                    for &q in &made {
-                        let _ = self.ask(lcore, move |h, _| h.dev.destroy_qp(q));
+                    // Undone in the same chunks (not one round trip per QP: a million-QP
+                    // create that fails near its end must answer in seconds).
+                    for chunk in made.chunks(BULK_CHUNK) {
+                        let qs = chunk.to_vec();
+                        let _ = self.ask(lcore, move |h, _| h.dev.destroy_qps(&qs));
                     }
                     return Err(e);
                 }
@@ -254,9 +257,10 @@ impl Rdma {
         shape: Shape,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        let first = self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
+        self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
+        let qpns = qps.iter().map(|q| q.0).collect();
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(first, "stream", codes, wait, move |h, now, reply| {
+        self.run_test(qpns, "stream", codes, wait, move |h, now, reply| {
             h.tests.streams(&mut h.dev, now, qps, shape, reply)
         })
     }

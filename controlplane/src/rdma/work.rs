@@ -59,7 +59,7 @@ impl Rdma {
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(qpn, "stream", codes, wait, move |h, now, reply| {
+        self.run_test(vec![qpn], "stream", codes, wait, move |h, now, reply| {
             h.tests.stream(&mut h.dev, now, qpn, wr, shape, reply)
         })
     }
@@ -77,11 +77,17 @@ impl Rdma {
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
         let codes = ("stream_refused", "stream_ended");
-        self.run_test(qpn, "receive stream", codes, wait, move |h, now, reply| {
-            let shape = (count, posted, duration);
-            h.tests
-                .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
-        })
+        self.run_test(
+            vec![qpn],
+            "receive stream",
+            codes,
+            wait,
+            move |h, now, reply| {
+                let shape = (count, posted, duration);
+                h.tests
+                    .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
+            },
+        )
     }
 
     /// Receive streams on several QPs of one lcore at once (see `Tests::recv_streams`).
@@ -94,10 +100,10 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        let first = self.one_lcore(qpns.iter().copied(), "receive stream")?;
+        self.one_lcore(qpns.iter().copied(), "receive stream")?;
         let codes = ("stream_refused", "stream_ended");
         self.run_test(
-            first,
+            qpns.clone(),
             "receive stream",
             codes,
             wait,
@@ -123,41 +129,71 @@ impl Rdma {
         wait: Duration,
     ) -> Result<LatResult, RdmaError> {
         let codes = ("test_refused", "test_ended");
-        self.run_test(qpn, "latency test", codes, wait, move |h, now, reply| {
-            let test = (kind, wr, server);
-            h.tests
-                .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
-        })
+        self.run_test(
+            vec![qpn],
+            "latency test",
+            codes,
+            wait,
+            move |h, now, reply| {
+                let test = (kind, wr, server);
+                h.tests
+                    .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
+            },
+        )
     }
 
-    /// Hands a test (`make` builds its command around the reply channel) to the QP's lcore
-    /// and waits up to `wait` for its result; `what` names it in errors, `codes` are the
-    /// error codes for a refused test and for one whose QP went away.
+    /// Hands a test (`make` builds its command around the reply channel) on `qpns` to their
+    /// lcore and waits up to `wait` for its result; `what` names it in errors, `codes` are
+    /// the error codes for a refused test and for one whose QP went away. A test that has
+    /// not answered by then is stopped, as a killed perftest leaves it: its QPs go to ERR
+    /// and the caller gets `timeout` (504); one that finished meanwhile is answered.
     pub(super) fn run_test<T: Send + 'static>(
         &self,
-        qpn: u32,
+        qpns: Vec<u32>,
         what: &str,
         codes: (&'static str, &'static str),
         wait: Duration,
         f: impl FnOnce(&mut Shard, dataplane::Instant, Reply<T>) + Send + 'static,
     ) -> Result<T, RdmaError> {
-        let l = self.lcore_of(qpn)?;
+        let first = *qpns
+            .first()
+            .ok_or_else(|| RdmaError::bad("bad_wr", "no QPs"))?;
+        let l = self.lcore_of(first)?;
         let (tx, rx) = bounded(1);
         self.lcores[l]
             .send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::test(
                 tx, f,
             ))))
             .map_err(|_| RdmaError::internal("lcore_unavailable", "the lcore has stopped"))?;
-        match rx.recv_timeout(wait) {
-            Ok(r) => r.map_err(|e| RdmaError::conflict(codes.0, e.to_string())),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(RdmaError::internal(
-                "timeout",
-                format!("the {what} did not finish in {wait:?}"),
-            )),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RdmaError::conflict(
+        let answer = |r: Result<T, _>| r.map_err(|e| RdmaError::conflict(codes.0, format!("{e}")));
+        let gone = || {
+            RdmaError::conflict(
                 codes.1,
                 format!("the QP was destroyed (or the node stopped) before the {what} finished"),
-            )),
+            )
+        };
+        match rx.recv_timeout(wait) {
+            Ok(r) => answer(r),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                // The lcore takes commands in order: the test has started by the time this
+                // runs, and a test it stops answers before this returns.
+                let stopped =
+                    self.ask(l, move |h, now| h.tests.cancel_qps(&mut h.dev, now, &qpns))?;
+                let r = rx.try_recv();
+                match r {
+                    Ok(r) if stopped == 0 => answer(r),
+                    Ok(_) | Err(crossbeam_channel::TryRecvError::Empty) => Err(RdmaError {
+                        kind: Refusal::TimedOut,
+                        code: "timeout",
+                        message: format!(
+                            "the {what} did not finish in {wait:?}: it was stopped and its QPs \
+                             moved to ERR (modify them to RESET to use them again)"
+                        ),
+                    }),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => Err(gone()),
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(gone()),
         }
     }
 

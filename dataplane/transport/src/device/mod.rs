@@ -82,6 +82,9 @@ pub enum DeviceError {
     /// Every CQ number of this shard is taken.
     #[error("this lcore has no CQ numbers left")]
     NoCqNumbers,
+    /// Every QP number of this shard is taken (its 2^20, less the special QPs on shard 0).
+    #[error("this lcore holds all the QPs it can (2^20 numbers, none free)")]
+    NoQpNumbers,
     /// A memory region refused.
     #[error(transparent)]
     Mr(#[from] MrError),
@@ -498,7 +501,7 @@ impl Device {
             // Every number is taken: the oldest freed one, if any.
             None => match self.free.pop_front() {
                 Some(i) => i,
-                None => return Err(CapsError::OutOfRange("QPs on this lcore").into()),
+                None => return Err(DeviceError::NoQpNumbers),
             },
         };
         let mut qp = match RcQp::new(self.qpn(i), pd, caps) {

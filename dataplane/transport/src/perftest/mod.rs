@@ -520,6 +520,23 @@ impl Tests {
         self.drive(dev, i, now);
     }
 
+    /// Ends the tests running on `qpns` now (their caller stopped waiting): as
+    /// [`Tests::cancel`] does, but only for those QPs; how many it stopped (0: they had
+    /// finished, and answered, already). QPs that are gone or run no test are left alone.
+    pub fn cancel_qps(&mut self, dev: &mut Device, now: Instant, qpns: &[u32]) -> usize {
+        let mut n = 0;
+        for &q in qpns {
+            let Some(i) = dev.index(q) else { continue };
+            if self.runs.get(i).is_none_or(|r| r.is_empty()) {
+                continue;
+            }
+            dev.fail(i);
+            n += 1;
+            self.drive(dev, i, now);
+        }
+        n
+    }
+
     /// Ends every test now (the node is stopping): their QPs go to ERR, their work is
     /// flushed, and each test answers with what it had done; how many QPs it stopped.
     pub fn cancel(&mut self, dev: &mut Device, now: Instant) -> usize {
