@@ -23,6 +23,7 @@
 //! QP numbers encode their owner: bits 20-23 are the shard, bits 0-19 the index in its table,
 //! so any shard can tell whose a QP is from the BTH alone.
 
+mod slots;
 pub mod verbs;
 
 pub use verbs::{CqState, DcqcnSummary, DeviceCounters, QpQuery, SendQueue};
@@ -203,7 +204,7 @@ pub struct Device {
     port: usize,
     pub(crate) mrs: MrTable,
     pd: PdHandle,
-    slots: Vec<Option<Slot>>,
+    slots: slots::Slots,
     /// Indices of destroyed QPs, oldest first (see [`QPN_QUARANTINE`]).
     free: VecDeque<u32>,
     /// Created completion queues and how many QP sides use each (index 0 unused).
@@ -238,7 +239,7 @@ impl Device {
             port,
             mrs,
             pd,
-            slots: Vec::new(),
+            slots: slots::Slots::default(),
             free: VecDeque::new(),
             cqs: vec![None],
             cq_free: Vec::new(),
@@ -492,10 +493,10 @@ impl Device {
             None if self.slots.len() < 1 << QPN_SHARD_SHIFT => {
                 // QPNs 0 and 1 are the special QPs: shard 0 never hands them out.
                 if self.slots.is_empty() && self.shard == 0 {
-                    self.slots.push(None);
-                    self.slots.push(None);
+                    self.slots.push_empty();
+                    self.slots.push_empty();
                 }
-                self.slots.push(None);
+                self.slots.push_empty();
                 self.slots.len() as u32 - 1
             }
             // Every number is taken: the oldest freed one, if any.
