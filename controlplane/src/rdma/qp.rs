@@ -257,20 +257,18 @@ impl Rdma {
         shape: Shape,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        self.one_lcore(qps.iter().map(|q| q.0), "stream")?;
         let qpns = qps.iter().map(|q| q.0).collect();
-        let codes = ("stream_refused", "stream_ended");
-        self.run_test(qpns, "stream", codes, wait, move |h, now, reply| {
+        self.run_test(qpns, &work::STREAM, wait, move |h, now, reply| {
             h.tests.streams(&mut h.dev, now, qps, shape, reply)
         })
     }
 
-    /// The first of `qpns`, which must all live on one lcore (a several-QP `what` runs there).
+    /// The lcore of `qpns`, which must all live on it (a several-QP `what` runs there).
     pub(super) fn one_lcore(
         &self,
         mut qpns: impl Iterator<Item = u32>,
         what: &str,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<usize, RdmaError> {
         let first = qpns
             .next()
             .ok_or_else(|| RdmaError::bad("bad_wr", "no QPs"))?;
@@ -283,7 +281,7 @@ impl Rdma {
                 ));
             }
         }
-        Ok(first)
+        Ok(l)
     }
 
     pub(super) fn lcore_of(&self, qpn: u32) -> Result<usize, RdmaError> {

@@ -2,6 +2,29 @@
 
 use super::*;
 
+/// A kind of test run on an lcore: its name in errors, and the codes of the errors for a
+/// refused test and for one whose QP went away before it finished.
+pub(super) struct TestKind {
+    what: &'static str,
+    refused: &'static str,
+    ended: &'static str,
+}
+
+pub(super) const STREAM: TestKind = TestKind {
+    what: "stream",
+    refused: "stream_refused",
+    ended: "stream_ended",
+};
+const RECV_STREAM: TestKind = TestKind {
+    what: "receive stream",
+    ..STREAM
+};
+const LATENCY: TestKind = TestKind {
+    what: "latency test",
+    refused: "test_refused",
+    ended: "test_ended",
+};
+
 impl Rdma {
     /// Posts a send work request.
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), RdmaError> {
@@ -58,8 +81,7 @@ impl Rdma {
         shape: Shape,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        let codes = ("stream_refused", "stream_ended");
-        self.run_test(vec![qpn], "stream", codes, wait, move |h, now, reply| {
+        self.run_test(vec![qpn], &STREAM, wait, move |h, now, reply| {
             h.tests.stream(&mut h.dev, now, qpn, wr, shape, reply)
         })
     }
@@ -76,18 +98,11 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        let codes = ("stream_refused", "stream_ended");
-        self.run_test(
-            vec![qpn],
-            "receive stream",
-            codes,
-            wait,
-            move |h, now, reply| {
-                let shape = (count, posted, duration);
-                h.tests
-                    .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
-            },
-        )
+        let shape = (count, posted, duration);
+        self.run_test(vec![qpn], &RECV_STREAM, wait, move |h, now, reply| {
+            h.tests
+                .recv_stream(&mut h.dev, now, qpn, recv, shape, reply)
+        })
     }
 
     /// Receive streams on several QPs of one lcore at once (see `Tests::recv_streams`).
@@ -100,19 +115,11 @@ impl Rdma {
         duration: Option<Duration>,
         wait: Duration,
     ) -> Result<StreamResult, RdmaError> {
-        self.one_lcore(qpns.iter().copied(), "receive stream")?;
-        let codes = ("stream_refused", "stream_ended");
-        self.run_test(
-            qpns.clone(),
-            "receive stream",
-            codes,
-            wait,
-            move |h, now, reply| {
-                let shape = (count, posted, duration);
-                h.tests
-                    .recv_streams(&mut h.dev, now, qpns, recv, shape, reply)
-            },
-        )
+        let shape = (count, posted, duration);
+        self.run_test(qpns.clone(), &RECV_STREAM, wait, move |h, now, reply| {
+            h.tests
+                .recv_streams(&mut h.dev, now, qpns, recv, shape, reply)
+        })
     }
 
     /// Runs one of perftest's latency tests on the QP's lcore (see `Tests::latency`):
@@ -128,47 +135,37 @@ impl Rdma {
         server: bool,
         wait: Duration,
     ) -> Result<LatResult, RdmaError> {
-        let codes = ("test_refused", "test_ended");
-        self.run_test(
-            vec![qpn],
-            "latency test",
-            codes,
-            wait,
-            move |h, now, reply| {
-                let test = (kind, wr, server);
-                h.tests
-                    .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
-            },
-        )
+        let test = (kind, wr, server);
+        self.run_test(vec![qpn], &LATENCY, wait, move |h, now, reply| {
+            h.tests
+                .latency(&mut h.dev, now, qpn, test, iters, duration, reply)
+        })
     }
 
-    /// Hands a test (`make` builds its command around the reply channel) on `qpns` to their
-    /// lcore and waits up to `wait` for its result; `what` names it in errors, `codes` are
-    /// the error codes for a refused test and for one whose QP went away. A test that has
+    /// Hands a test (`f` builds its command around the reply channel) on `qpns`, which must
+    /// share one lcore, to that lcore and waits up to `wait` for its result. A test that has
     /// not answered by then is stopped, as a killed perftest leaves it: its QPs go to ERR
     /// and the caller gets `timeout` (504); one that finished meanwhile is answered.
     pub(super) fn run_test<T: Send + 'static>(
         &self,
         qpns: Vec<u32>,
-        what: &str,
-        codes: (&'static str, &'static str),
+        kind: &TestKind,
         wait: Duration,
         f: impl FnOnce(&mut Shard, dataplane::Instant, Reply<T>) + Send + 'static,
     ) -> Result<T, RdmaError> {
-        let first = *qpns
-            .first()
-            .ok_or_else(|| RdmaError::bad("bad_wr", "no QPs"))?;
-        let l = self.lcore_of(first)?;
+        let what = kind.what;
+        let l = self.one_lcore(qpns.iter().copied(), what)?;
         let (tx, rx) = bounded(1);
         self.lcores[l]
             .send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::test(
                 tx, f,
             ))))
             .map_err(|_| RdmaError::internal("lcore_unavailable", "the lcore has stopped"))?;
-        let answer = |r: Result<T, _>| r.map_err(|e| RdmaError::conflict(codes.0, format!("{e}")));
+        let answer =
+            |r: Result<T, _>| r.map_err(|e| RdmaError::conflict(kind.refused, format!("{e}")));
         let gone = || {
             RdmaError::conflict(
-                codes.1,
+                kind.ended,
                 format!("the QP was destroyed (or the node stopped) before the {what} finished"),
             )
         };
@@ -197,7 +194,6 @@ impl Rdma {
         }
     }
 
-    /// Every lcore's RDMA counters.
     /// Completion latency by opcode, every lcore's histograms added together.
     pub fn latency(&self) -> Result<LatencyHistograms, RdmaError> {
         let mut all = LatencyHistograms::default();
@@ -207,6 +203,7 @@ impl Rdma {
         Ok(all)
     }
 
+    /// Every lcore's RDMA counters.
     pub fn counters(&self) -> Result<Vec<HostCounters>, RdmaError> {
         (0..self.lcores.len())
             .map(|l| self.ask(l, |h, now| h.counters(now)))

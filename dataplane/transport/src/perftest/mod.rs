@@ -524,32 +524,27 @@ impl Tests {
     /// [`Tests::cancel`] does, but only for those QPs; how many it stopped (0: they had
     /// finished, and answered, already). QPs that are gone or run no test are left alone.
     pub fn cancel_qps(&mut self, dev: &mut Device, now: Instant, qpns: &[u32]) -> usize {
-        let mut n = 0;
-        for &q in qpns {
-            let Some(i) = dev.index(q) else { continue };
-            if self.runs.get(i).is_none_or(|r| r.is_empty()) {
-                continue;
-            }
-            dev.fail(i);
-            n += 1;
-            self.drive(dev, i, now);
-        }
-        n
+        qpns.iter()
+            .filter(|&&q| dev.index(q).is_some_and(|i| self.stop(dev, i, now)))
+            .count()
     }
 
     /// Ends every test now (the node is stopping): their QPs go to ERR, their work is
     /// flushed, and each test answers with what it had done; how many QPs it stopped.
     pub fn cancel(&mut self, dev: &mut Device, now: Instant) -> usize {
-        let mut n = 0;
-        for i in 0..self.runs.len() {
-            if self.runs[i].is_empty() {
-                continue;
-            }
-            dev.fail(i);
-            n += 1;
-            // Each test sees its QP in ERR and its work flushed, and answers.
-            self.drive(dev, i, now);
+        (0..self.runs.len())
+            .filter(|&i| self.stop(dev, i, now))
+            .count()
+    }
+
+    /// Moves slot `i`'s QP to ERR if a test runs on it, and drives the test, which sees its
+    /// work flushed and answers; whether there was one.
+    fn stop(&mut self, dev: &mut Device, i: usize, now: Instant) -> bool {
+        if self.runs.get(i).is_none_or(|r| r.is_empty()) {
+            return false;
         }
-        n
+        dev.fail(i);
+        self.drive(dev, i, now);
+        true
     }
 }
