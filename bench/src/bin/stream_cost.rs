@@ -73,6 +73,11 @@ struct Args {
     /// and the last.
     #[arg(long, default_value_t = 1)]
     cq_mod: u32,
+    /// QP pairs the stream runs on, each posting `n / qps` WRITEs (`depth` outstanding on
+    /// each), as perftest's `-q` does. Run under cachegrind (`--cache-sim=yes`), the cache
+    /// misses per message at many QPs are as deterministic as the instruction counts.
+    #[arg(long, default_value_t = 1)]
+    qps: u32,
     /// Post and poll as an application does, through shared-memory rings (issue 21), instead
     /// of the built-in stream: the application's encode, push and poll count too.
     #[arg(long)]
@@ -159,6 +164,9 @@ fn main() {
     if a.app {
         return app_stream(&mut two, &a, pair);
     }
+    if a.qps > 1 {
+        return streams(&mut two, &a, pair, cc, wr);
+    }
     let t = std::time::Instant::now();
     let r = two
         .ask(0, |reply| {
@@ -179,6 +187,79 @@ fn main() {
     println!(
         "{} WRITEs of {} B, {} outstanding: all completed ({ns:.0} ns each, wall clock, both ends on one CPU)",
         a.count, a.size, a.depth
+    );
+}
+
+/// The stream on `a.qps` QP pairs: the pair's and `qps - 1` more, created and connected on
+/// the same path, all WRITEing into B's one region.
+fn streams(two: &mut Two, a: &Args, pair: dataplane::host::Pair, cc: CcKind, wr: SendWr) {
+    use dataplane::transport::cc::DcqcnParams;
+    use dataplane::transport::qp::{Path, QpAttr};
+    use dataplane::transport::rc::QpCaps;
+    let more = a.qps as usize - 1;
+    // What rocectl perf asks for: a send queue of the stream's depth, one receive, one
+    // scatter/gather entry.
+    let depth = a.depth as u32;
+    let mut qpns = [vec![pair.qpa], vec![pair.qpb]];
+    for (i, q) in qpns.iter_mut().enumerate() {
+        let created = two
+            .call(i, move |h, _| {
+                let caps = QpCaps {
+                    max_send_wr: depth,
+                    max_recv_wr: 1,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 256,
+                    ..QpCaps::default()
+                };
+                (0..more)
+                    .map(|_| {
+                        let p = DcqcnParams::nvidia();
+                        h.dev.create_qp(caps, None, [None; 2], cc, p)
+                    })
+                    .collect::<Result<Vec<u32>, _>>()
+            })
+            .expect("the worker answers")
+            .expect("create QPs");
+        q.extend(created);
+    }
+    for (i, me, other) in [(0, 1, 2), (1, 2, 1)] {
+        let (mine, theirs) = (qpns[i].clone(), qpns[1 - i].clone());
+        two.call(i, move |h, _| {
+            for (&q, &d) in mine.iter().zip(&theirs).skip(1) {
+                let conn = QpAttr::connect(Path::sim(me, other, 0xc000), Mtu::M4096, d);
+                h.dev.connect(q, &conn, 0)?;
+            }
+            Ok::<(), dataplane::transport::device::DeviceError>(())
+        })
+        .expect("the worker answers")
+        .expect("connect");
+    }
+    let per_qp = a.count / a.qps as u64;
+    let qps: Vec<(u32, SendWr)> = qpns[0].iter().map(|&q| (q, wr)).collect();
+    let depth = a.depth;
+    let cq_mod = a.cq_mod;
+    let t = std::time::Instant::now();
+    let r = two
+        .ask(0, |reply| {
+            RdmaCommand::test(reply, move |h, now, r| {
+                let shape = dataplane::transport::perftest::Shape {
+                    count: per_qp,
+                    depth,
+                    duration: None,
+                    cq_mod,
+                };
+                h.tests.streams(&mut h.dev, now, qps, shape, r)
+            })
+        })
+        .expect("the worker answers")
+        .expect("streams");
+    assert_eq!((r.completed, r.errors), (per_qp * a.qps as u64, 0), "{r:?}");
+    let ns = t.elapsed().as_nanos() as f64 / r.completed as f64;
+    println!(
+        "{} WRITEs of {} B on {} QPs, {} outstanding on each: all completed ({ns:.0} ns each, \
+         wall clock, both ends on one CPU)",
+        r.completed, a.size, a.qps, a.depth
     );
 }
 
