@@ -37,6 +37,7 @@ use crate::timers::TimerQueue;
 use crate::wr::WrError;
 use std::collections::VecDeque;
 use wire::PacketBuf;
+use wire::hint::prefetch;
 use wire::packet::PacketInfo;
 use wire::time::Instant;
 
@@ -407,6 +408,19 @@ impl Device {
             let Some(i) = self.ready.pop_front() else {
                 break;
             };
+            // Two QPs ahead, their state; one ahead (its state asked for a turn ago), the
+            // request it sends next: among many QPs neither is in the cache any more.
+            if let Some(&n) = self.ready.get(1)
+                && let Some(Some(s)) = self.slots.get(n as usize)
+            {
+                prefetch(s);
+                s.qp.prefetch();
+            }
+            if let Some(&n) = self.ready.front()
+                && let Some(Some(s)) = self.slots.get(n as usize)
+            {
+                s.qp.prefetch_next_wqe();
+            }
             let Some(s) = self.slots[i as usize].as_mut() else {
                 continue;
             };

@@ -29,6 +29,7 @@ use arrayvec::ArrayVec;
 use std::collections::VecDeque;
 use wire::PacketBuf;
 use wire::aeth::{self, NakCode, Syndrome};
+use wire::hint::prefetch;
 use wire::ipv4::{self, Ecn};
 use wire::opcode::{mask, op};
 use wire::packet::{
@@ -79,9 +80,6 @@ struct SendWqe {
 /// Bytes at the start of every UD receive buffer that hold the datagram's GRH (verbs'
 /// `struct ibv_grh`; on RoCEv2 the IPv6 header, or the IPv4 header in the last 20 bytes).
 pub const UD_GRH_LEN: usize = 40;
-
-/// Completion latencies a QP holds until its host takes them ([`RcQp::take_latencies`]).
-const LATENCY_LOG: usize = 256;
 
 /// What a QP is created with; checked against the device limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +157,10 @@ impl QpCaps {
     /// [`crate::device::qp_footprint`]).
     pub fn queue_bytes(&self) -> usize {
         let (s, r) = (self.max_send_wr as usize, self.max_recv_wr as usize);
-        s * (std::mem::size_of::<SendWqe>() + self.max_inline_data as usize)
+        // A send WQE, its inline bytes and its completion latency (the completer's log).
+        s * (std::mem::size_of::<SendWqe>()
+            + self.max_inline_data as usize
+            + std::mem::size_of::<(WcOpcode, u64)>())
             + r * std::mem::size_of::<RecvWr>()
     }
 }
@@ -364,7 +365,7 @@ impl RcQp {
             flush_due: false,
 
             req: Requester::new(caps),
-            comp: Completer::new(),
+            comp: Completer::new(caps),
             resp: Responder::new(caps),
             tmpl: None,
         })
@@ -402,7 +403,8 @@ impl RcQp {
 
     /// Hands each completion latency recorded since the last call (signalled send work
     /// requests completed successfully: opcode, nanoseconds from post) to `f`. A QP keeps at
-    /// most 256 between calls (the host takes them after every frame it hands the QP); beyond
+    /// most a send queue's worth (`max_send_wr`) between calls (the host takes them after
+    /// every frame it hands the QP, and a frame completes at most the whole queue); beyond
     /// that, more are not kept.
     pub fn take_latencies(&mut self, mut f: impl FnMut(WcOpcode, u64)) {
         for (op, ns) in self.comp.latencies.drain(..) {
@@ -478,6 +480,36 @@ impl RcQp {
         let sent = self.next_frame(now, mrs, scq, rcq, out);
         self.counters.sent_pkts += sent as u64;
         sent
+    }
+
+    /// Starts loading the state a turn at sending touches first (configuration, send queue,
+    /// the three engines, counters, congestion control, the path's template), for a QP whose
+    /// turn comes soon ([`crate::device::Device::transmit`] asks two QPs ahead): among many
+    /// QPs it has left the cache since its last turn, and loads started together overlap
+    /// instead of each waiting its turn.
+    #[inline]
+    pub fn prefetch(&self) {
+        prefetch(&self.cfg);
+        prefetch(&self.sq);
+        prefetch(&self.req);
+        prefetch(&self.comp.una);
+        prefetch(&self.resp);
+        prefetch(&self.counters);
+        prefetch(&self.cc);
+        prefetch(&self.tmpl);
+    }
+
+    /// Starts loading the request at the send cursor (where the next frame comes from); for a
+    /// QP whose state [`RcQp::prefetch`] asked for a little earlier, as reading the cursor
+    /// waits for that state.
+    #[inline]
+    pub fn prefetch_next_wqe(&self) {
+        if let Some(w) = self.sq.get(self.req.send_idx) {
+            let p: *const u8 = (w as *const SendWqe).cast();
+            for off in (0..size_of::<SendWqe>()).step_by(64) {
+                prefetch(p.wrapping_add(off));
+            }
+        }
     }
 
     /// Handles a received frame addressed to this QP.
