@@ -167,16 +167,11 @@ fn main() {
     if a.qps > 1 {
         return streams(&mut two, &a, pair, cc, wr);
     }
+    let shape = shape(&a, a.count);
     let t = std::time::Instant::now();
     let r = two
         .ask(0, |reply| {
             RdmaCommand::test(reply, move |h, now, r| {
-                let shape = dataplane::transport::perftest::Shape {
-                    count: a.count,
-                    depth: a.depth,
-                    duration: None,
-                    cq_mod: a.cq_mod,
-                };
                 h.tests.stream(&mut h.dev, now, pair.qpa, wr, shape, r)
             })
         })
@@ -188,6 +183,16 @@ fn main() {
         "{} WRITEs of {} B, {} outstanding: all completed ({ns:.0} ns each, wall clock, both ends on one CPU)",
         a.count, a.size, a.depth
     );
+}
+
+/// `count` WRITEs on each QP, as the arguments shape them.
+fn shape(a: &Args, count: u64) -> dataplane::transport::perftest::Shape {
+    dataplane::transport::perftest::Shape {
+        count,
+        depth: a.depth,
+        duration: None,
+        cq_mod: a.cq_mod,
+    }
 }
 
 /// The stream on `a.qps` QP pairs: the pair's and `qps - 1` more, created and connected on
@@ -237,18 +242,11 @@ fn streams(two: &mut Two, a: &Args, pair: dataplane::host::Pair, cc: CcKind, wr:
     }
     let per_qp = a.count / a.qps as u64;
     let qps: Vec<(u32, SendWr)> = qpns[0].iter().map(|&q| (q, wr)).collect();
-    let depth = a.depth;
-    let cq_mod = a.cq_mod;
+    let shape = shape(a, per_qp);
     let t = std::time::Instant::now();
     let r = two
         .ask(0, |reply| {
             RdmaCommand::test(reply, move |h, now, r| {
-                let shape = dataplane::transport::perftest::Shape {
-                    count: per_qp,
-                    depth,
-                    duration: None,
-                    cq_mod,
-                };
                 h.tests.streams(&mut h.dev, now, qps, shape, r)
             })
         })
