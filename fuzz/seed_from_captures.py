@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Writes UDP-4791 frames of the project's captures (tests/data/rxe/*.pcap) as seed files of the
 `parse` fuzz target's corpus: up to 5 per capture and opcode, so every kind of packet is there
-without thousands of near-copies. Reads classic pcap directly: no dependencies."""
+without thousands of near-copies; and every MAD (the payload of a UD SEND Only to QP 1) as a seed
+of the `mad` target's. Reads classic pcap directly: no dependencies."""
 import hashlib, pathlib, struct, sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 out = root / "fuzz" / "corpus" / "parse"
 out.mkdir(parents=True, exist_ok=True)
+mads = root / "fuzz" / "corpus" / "mad"
+mads.mkdir(parents=True, exist_ok=True)
 n = 0
 per_kind = {}
 for cap in sorted((root / "tests" / "data" / "rxe").glob("*.pcap")):
@@ -22,6 +25,13 @@ for cap in sorted((root / "tests" / "data" / "rxe").glob("*.pcap")):
         if at < 0 or at + 6 >= len(frame):
             continue
         kind = (cap.name, frame[at + 6])  # the BTH opcode follows the 8-byte UDP header
+        # UD SEND Only (0x64) to QP 1: the MAD follows the BTH (12 bytes) and the DETH (8).
+        if frame[at + 6] == 0x64 and frame[at + 11:at + 14] == b"\x00\x00\x01":
+            mad = frame[at + 26:at + 26 + 256]
+            p = mads / hashlib.sha1(mad).hexdigest()
+            if len(mad) == 256 and not p.exists():
+                p.write_bytes(mad)
+                n += 1
         if per_kind.get(kind, 0) >= 5:
             continue
         per_kind[kind] = per_kind.get(kind, 0) + 1

@@ -11,6 +11,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 use wire::aeth::{NakCode, Syndrome};
+use wire::cm::{CmaHeader, Message, MsgKind, split_service_id};
+use wire::mad::{GSI_QPN, MadError};
 use wire::packet::{Checks, PacketInfo, parse};
 use wire::{Error as WireError, icrc, ipv4::Ecn};
 
@@ -54,6 +56,8 @@ pub struct Summary {
     pub by_opcode: BTreeMap<&'static str, u64>,
     /// CE-marked RoCEv2 packets.
     pub ce_marked: u64,
+    /// Connection manager MADs (UD SENDs to QP1) by message, or "MAD error" for one that is not.
+    pub by_cm: BTreeMap<&'static str, u64>,
 }
 
 fn reason(e: WireError) -> &'static str {
@@ -101,8 +105,203 @@ fn ecn_text(e: Ecn) -> &'static str {
     }
 }
 
+/// The MAD a UD SEND Only to QP1 carries, parsed as a CM message.
+fn cm_mad(p: &PacketInfo, frame: &[u8]) -> Option<Result<(u64, Message), MadError>> {
+    (p.dest_qp == GSI_QPN && p.opcode == wire::opcode::op::UD_SEND_ONLY)
+        .then(|| Message::parse(p.payload(frame)).map(|(h, m)| (h.tid, m)))
+}
+
+fn service_text(sid: u64) -> String {
+    match split_service_id(sid) {
+        Some((ps, port)) => format!("{sid:#018x} ({} port {port})", ps.name()),
+        None => format!("{sid:#018x}"),
+    }
+}
+
+fn msg_kind(k: MsgKind) -> &'static str {
+    match k {
+        MsgKind::Req => "REQ",
+        MsgKind::Rep => "REP",
+        MsgKind::Other => "other",
+        MsgKind::Reserved => "reserved",
+    }
+}
+
+/// The rdma_cm header of a REQ's or SIDR_REQ's private data, if it holds one.
+fn cma_text(private_data: &[u8]) -> String {
+    match CmaHeader::parse(private_data) {
+        Ok(h) => format!(" rdma_cm {}:{} -> {}", h.src, h.src_port, h.dst),
+        Err(_) => String::new(),
+    }
+}
+
+/// A CM message's fields, as text.
+fn cm_text(tid: u64, m: &Message) -> String {
+    let (local, remote) = m.comm_ids();
+    let mut s = format!(" CM {} TID={tid:#x}", m.name());
+    match m {
+        Message::Req(r) => {
+            let _ = write!(
+                s,
+                " localCommID={local:#010x} serviceID={} QPN={:#08x} PSN={:#08x} MTU={} \
+                 RespRes={} InitDepth={} retry={} rnr={} timeouts={}/{} GID {} -> {} TC={} HL={}{}",
+                service_text(r.service_id),
+                r.local_qpn,
+                r.starting_psn,
+                wire::cm::path_mtu_bytes(r.path_mtu).map_or("?".into(), |b| b.to_string()),
+                r.responder_resources,
+                r.initiator_depth,
+                r.retry_count,
+                r.rnr_retry_count,
+                r.local_cm_response_timeout,
+                r.remote_cm_response_timeout,
+                r.primary.local_gid,
+                r.primary.remote_gid,
+                r.primary.traffic_class,
+                r.primary.hop_limit,
+                cma_text(&r.private_data)
+            );
+        }
+        Message::Rep(r) => {
+            let _ = write!(
+                s,
+                " localCommID={local:#010x} remoteCommID={remote:#010x} QPN={:#08x} PSN={:#08x} \
+                 RespRes={} InitDepth={} rnr={}",
+                r.local_qpn,
+                r.starting_psn,
+                r.responder_resources,
+                r.initiator_depth,
+                r.rnr_retry_count
+            );
+        }
+        Message::Rtu(_) | Message::Drep(_) => {
+            let _ = write!(s, " localCommID={local:#010x} remoteCommID={remote:#010x}");
+        }
+        Message::Dreq(d) => {
+            let _ = write!(
+                s,
+                " localCommID={local:#010x} remoteCommID={remote:#010x} remoteQPN={:#08x}",
+                d.remote_qpn
+            );
+        }
+        Message::Rej(r) => {
+            let _ = write!(
+                s,
+                " localCommID={local:#010x} remoteCommID={remote:#010x} rejected={} reason={} ({})",
+                msg_kind(r.message_rejected),
+                r.reason.code(),
+                r.reason.name()
+            );
+        }
+        Message::Mra(r) => {
+            let _ = write!(
+                s,
+                " localCommID={local:#010x} remoteCommID={remote:#010x} MRAed={} serviceTimeout={}",
+                msg_kind(r.message_mraed),
+                r.service_timeout
+            );
+        }
+        Message::SidrReq(r) => {
+            let _ = write!(
+                s,
+                " requestID={local:#010x} serviceID={}{}",
+                service_text(r.service_id),
+                cma_text(&r.private_data)
+            );
+        }
+        Message::SidrRep(r) => {
+            let _ = write!(
+                s,
+                " requestID={local:#010x} status={} QPN={:#08x} qkey={:#010x} serviceID={}",
+                r.status.code(),
+                r.qpn,
+                r.qkey,
+                service_text(r.service_id)
+            );
+        }
+    }
+    s
+}
+
+/// A CM message's fields, as JSON.
+fn cm_json(tid: u64, m: &Message) -> serde_json::Value {
+    let (local, remote) = m.comm_ids();
+    let mut v = json!({"attr": m.name(), "attr_id": m.attr_id(), "tid": tid});
+    let cma = |pd: &[u8]| {
+        CmaHeader::parse(pd).ok().map(
+            |h| json!({"src": h.src.to_string(), "src_port": h.src_port, "dst": h.dst.to_string()}),
+        )
+    };
+    let ps = |sid: u64| {
+        split_service_id(sid).map(|(ps, port)| json!({"port_space": ps.name(), "port": port}))
+    };
+    match m {
+        Message::Req(r) => {
+            v["local_comm_id"] = json!(local);
+            v["service_id"] = json!(r.service_id);
+            v["rdma_cm_service"] = json!(ps(r.service_id));
+            v["qpn"] = json!(r.local_qpn);
+            v["starting_psn"] = json!(r.starting_psn);
+            v["path_mtu"] = json!(r.path_mtu);
+            v["responder_resources"] = json!(r.responder_resources);
+            v["initiator_depth"] = json!(r.initiator_depth);
+            v["retry_count"] = json!(r.retry_count);
+            v["rnr_retry_count"] = json!(r.rnr_retry_count);
+            v["local_gid"] = json!(r.primary.local_gid.to_string());
+            v["remote_gid"] = json!(r.primary.remote_gid.to_string());
+            v["traffic_class"] = json!(r.primary.traffic_class);
+            v["hop_limit"] = json!(r.primary.hop_limit);
+            v["rdma_cm"] = json!(cma(&r.private_data));
+        }
+        Message::Rep(r) => {
+            v["local_comm_id"] = json!(local);
+            v["remote_comm_id"] = json!(remote);
+            v["qpn"] = json!(r.local_qpn);
+            v["starting_psn"] = json!(r.starting_psn);
+            v["responder_resources"] = json!(r.responder_resources);
+            v["initiator_depth"] = json!(r.initiator_depth);
+            v["rnr_retry_count"] = json!(r.rnr_retry_count);
+        }
+        Message::Rtu(_)
+        | Message::Drep(_)
+        | Message::Dreq(_)
+        | Message::Rej(_)
+        | Message::Mra(_) => {
+            v["local_comm_id"] = json!(local);
+            v["remote_comm_id"] = json!(remote);
+            match m {
+                Message::Dreq(d) => v["remote_qpn"] = json!(d.remote_qpn),
+                Message::Rej(r) => {
+                    v["rejected"] = json!(msg_kind(r.message_rejected));
+                    v["reason"] = json!(r.reason.code());
+                    v["reason_text"] = json!(r.reason.name());
+                }
+                Message::Mra(r) => {
+                    v["mraed"] = json!(msg_kind(r.message_mraed));
+                    v["service_timeout"] = json!(r.service_timeout);
+                }
+                _ => {}
+            }
+        }
+        Message::SidrReq(r) => {
+            v["request_id"] = json!(local);
+            v["service_id"] = json!(r.service_id);
+            v["rdma_cm_service"] = json!(ps(r.service_id));
+            v["rdma_cm"] = json!(cma(&r.private_data));
+        }
+        Message::SidrRep(r) => {
+            v["request_id"] = json!(local);
+            v["status"] = json!(r.status.code());
+            v["qpn"] = json!(r.qpn);
+            v["qkey"] = json!(r.qkey);
+            v["service_id"] = json!(r.service_id);
+        }
+    }
+    v
+}
+
 /// One packet as a line of text.
-fn text_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> String {
+fn text_line(no: u64, t: Duration, p: &PacketInfo, frame: &[u8], icrc_ok: bool) -> String {
     let mut s = format!(
         "{no:>6} {:>12.6} {} -> {} sport {} {} QP={:#08x} PSN={} AckReq={}",
         t.as_secs_f64(),
@@ -155,6 +354,13 @@ fn text_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> String {
     if p.op.has(wire::opcode::mask::PAYLOAD) {
         let _ = write!(s, " payload={}", p.payload_len);
     }
+    match cm_mad(p, frame) {
+        Some(Ok((tid, m))) => s.push_str(&cm_text(tid, &m)),
+        Some(Err(e)) => {
+            let _ = write!(s, " MAD not CM: {e}");
+        }
+        None => {}
+    }
     let _ = write!(
         s,
         " ECN={} ICRC={}",
@@ -164,7 +370,13 @@ fn text_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> String {
     s
 }
 
-fn json_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> serde_json::Value {
+fn json_line(
+    no: u64,
+    t: Duration,
+    p: &PacketInfo,
+    frame: &[u8],
+    icrc_ok: bool,
+) -> serde_json::Value {
     let mut v = json!({
         "frame": no, "time": t.as_secs_f64(), "src": p.src_ip.to_string(), "dst": p.dst_ip.to_string(),
         "udp_sport": p.udp_src, "opcode": p.opcode, "opcode_name": p.op.name, "dest_qp": p.dest_qp,
@@ -196,6 +408,11 @@ fn json_line(no: u64, t: Duration, p: &PacketInfo, icrc_ok: bool) -> serde_json:
     }
     if let Some(r) = p.ext.ieth() {
         v["ieth"] = json!(r);
+    }
+    match cm_mad(p, frame) {
+        Some(Ok((tid, m))) => v["cm"] = cm_json(tid, &m),
+        Some(Err(e)) => v["mad_error"] = json!(e.to_string()),
+        None => {}
     }
     v
 }
@@ -328,10 +545,15 @@ pub fn decode(path: &Path, json_out: bool, out: &mut dyn Write) -> Result<Summar
             sum.ce_marked += 1;
         }
         *sum.by_opcode.entry(info.op.name).or_default() += 1;
+        match cm_mad(&info, frame) {
+            Some(Ok((_, m))) => *sum.by_cm.entry(m.name()).or_default() += 1,
+            Some(Err(_)) => *sum.by_cm.entry("MAD error").or_default() += 1,
+            None => {}
+        }
         let line = if json_out {
-            json_line(sum.frames, t, &info, icrc_ok).to_string()
+            json_line(sum.frames, t, &info, frame, icrc_ok).to_string()
         } else {
-            text_line(sum.frames, t, &info, icrc_ok)
+            text_line(sum.frames, t, &info, frame, icrc_ok)
         };
         if let Err(e) = writeln!(out, "{line}") {
             werr.get_or_insert(e);
@@ -365,6 +587,9 @@ pub fn summary_text(s: &Summary) -> String {
     for (op, n) in &s.by_opcode {
         let _ = writeln!(t, "  {n:>8}  {op}");
     }
+    for (m, n) in &s.by_cm {
+        let _ = writeln!(t, "  {n:>8}  CM {m}");
+    }
     for (r, n) in &s.malformed {
         let _ = writeln!(t, "  {n:>8}  malformed: {r}");
     }
@@ -374,7 +599,7 @@ pub fn summary_text(s: &Summary) -> String {
 /// The summary as JSON.
 pub fn summary_json(s: &Summary) -> serde_json::Value {
     json!({"summary": {"frames": s.frames, "roce": s.roce, "bad_icrc": s.bad_icrc, "ce_marked": s.ce_marked,
-        "malformed": s.malformed, "other": s.other, "not_ethernet": s.not_ethernet, "by_opcode": s.by_opcode}})
+        "malformed": s.malformed, "other": s.other, "not_ethernet": s.not_ethernet, "by_opcode": s.by_opcode, "by_cm": s.by_cm}})
 }
 
 #[cfg(test)]
@@ -415,6 +640,66 @@ mod tests {
         assert_eq!(lines.len() as u64, s.roce);
         assert!(lines.iter().any(|l| l["aeth"]["syndrome"] == 0x2c
             && l["aeth"]["text"].as_str().unwrap().starts_with("RNR NAK")));
+    }
+
+    #[test]
+    fn connection_manager_mads_show_their_fields() {
+        let mut out = Vec::new();
+        let s = decode(&capture("write_bw_cm.pcap"), false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
+            assert_eq!(s.by_cm.get(m), Some(&2), "{m}: {:?}", s.by_cm);
+        }
+        let req = text.lines().find(|l| l.contains(" CM REQ ")).unwrap();
+        for f in [
+            "localCommID=0x4a2d60bb",
+            "serviceID=0x0000000001064853 (RDMA_PS_TCP port 18515)",
+            "QPN=0x00001a PSN=0x1c9b73 MTU=1024",
+            "rdma_cm 10.233.0.10:58899 -> 10.233.0.11",
+        ] {
+            assert!(req.contains(f), "{f} in {req}");
+        }
+        assert!(text.contains(
+            "CM REP TID=0x2bb602d4a localCommID=0x95a48a9e remoteCommID=0x4a2d60bb QPN=0x00001a PSN=0xfb57f7"
+        ));
+        assert!(text.contains("CM DREQ TID=0x2bb602d4b localCommID=0x4b2d60bb remoteCommID=0x97a48a9e remoteQPN=0x00001b"));
+        assert!(summary_text(&s).contains("2  CM DREP"));
+        let mut out = Vec::new();
+        decode(&capture("write_bw_cm.pcap"), true, &mut out).unwrap();
+        let first: serde_json::Value =
+            serde_json::from_str(String::from_utf8(out).unwrap().lines().next().unwrap()).unwrap();
+        assert_eq!(first["cm"]["attr"], "REQ");
+        assert_eq!(first["cm"]["rdma_cm"]["src_port"], 58899);
+        assert_eq!(first["cm"]["rdma_cm_service"]["port"], 18515);
+        assert_eq!(first["cm"]["starting_psn"], 0x1c9b73);
+    }
+
+    #[test]
+    fn a_mad_that_is_not_cm_is_named_not_dropped() {
+        let mut bytes = std::fs::read(capture("write_bw_cm.pcap")).unwrap();
+        // The first record's MAD starts after the file (24) and record (16) headers and the
+        // frame's 62 bytes of Ethernet, IPv4, UDP, BTH and DETH; its class byte is the second.
+        bytes[24 + 16 + 62 + 1] = 0x04;
+        let dir = std::env::temp_dir().join(format!("rocectl-decode-mad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("mad.pcap");
+        std::fs::write(&p, &bytes).unwrap();
+        let mut out = Vec::new();
+        let s = decode(&p, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.lines()
+                .next()
+                .unwrap()
+                .contains("MAD not CM: management class 0x04"),
+            "{text}"
+        );
+        assert_eq!(
+            (s.by_cm.get("MAD error"), s.by_cm.get("REQ")),
+            (Some(&1), Some(&1))
+        );
+        assert_eq!(s.bad_icrc, 1, "the flipped byte is under the ICRC");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! what it was made to show (opcodes, syndromes, ECN, VLAN, IPv6, 4 KiB MTU).
 
 use dataplane::wire::aeth::{NakCode, Syndrome};
+use dataplane::wire::cm::{Message, PortSpace, split_service_id};
 use dataplane::wire::ipv4::Ecn;
+use dataplane::wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 use dataplane::wire::packet::{Checks, PacketInfo, RoceRepr, parse};
 use dataplane::wire::{Error, opcode::op};
 use pcap_file::pcap::PcapReader;
@@ -27,6 +29,8 @@ struct Seen {
     ipv6: usize,
     max_payload: usize,
     dest_qps: BTreeSet<u32>,
+    /// The CM MADs to QP1, in order: transaction ID and message.
+    mads: Vec<(u64, Message)>,
 }
 
 fn check_capture(name: &str) -> Seen {
@@ -65,6 +69,25 @@ fn check_capture(name: &str) -> Seen {
             seen.ipv6 += 1;
         }
         seen.max_payload = seen.max_payload.max(info.payload_len as usize);
+        if info.dest_qp == GSI_QPN && info.opcode == op::UD_SEND_ONLY {
+            // A MAD: the DETH names QP1's Q_Key, the payload is exactly one MAD, it parses as CM
+            // and re-emits byte for byte.
+            let d = info.ext.deth().expect("a UD SEND has a DETH");
+            assert_eq!((d.qkey, d.src_qp), (GSI_QKEY, GSI_QPN), "{name} packet {n}");
+            let mad = info.payload(frame);
+            assert_eq!(mad.len(), MAD_LEN, "{name} packet {n}");
+            let (hdr, msg) =
+                Message::parse(mad).unwrap_or_else(|e| panic!("{name} packet {n}: {e}"));
+            let mut out = [0u8; MAD_LEN];
+            msg.emit(hdr.tid, &mut out).unwrap();
+            assert_eq!(
+                out[..],
+                mad[..],
+                "{name} packet {n}: {} re-emits",
+                msg.name()
+            );
+            seen.mads.push((hdr.tid, msg));
+        }
         // Re-emit: headers from the Repr, payload copied, pad and ICRC recomputed.
         let repr =
             RoceRepr::parse(frame, &info).unwrap_or_else(|e| panic!("{name} packet {n}: {e:?}"));
@@ -210,6 +233,40 @@ fn ud_and_connection_manager_mads() {
         "CM MADs go to QP1: {:?}",
         s.dest_qps
     );
+    // perftest -R makes two connections (its exchange QP, then the test QP), each REQ -> REP ->
+    // RTU with one TID, and tears both down, each side sending one DREQ.
+    let names: Vec<&str> = s.mads.iter().map(|m| m.1.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "REQ", "REP", "RTU", "REQ", "REP", "RTU", "DREQ", "DREP", "DREQ", "DREP"
+        ]
+    );
+    // Each side's QPN by its communication ID, for the DREQs' remote QPNs.
+    let mut qpns = BTreeMap::new();
+    for hs in s.mads[..6].chunks(3) {
+        let (Message::Req(req), Message::Rep(rep)) = (hs[0].1, hs[1].1) else {
+            unreachable!()
+        };
+        assert!(hs.iter().all(|m| m.0 == hs[0].0), "one TID per handshake");
+        assert_eq!(
+            split_service_id(req.service_id),
+            Some((PortSpace::Tcp, 18515))
+        );
+        assert_eq!(rep.remote_comm_id, req.local_comm_id);
+        assert_eq!(hs[2].1.comm_ids(), (req.local_comm_id, rep.local_comm_id));
+        qpns.insert(req.local_comm_id, req.local_qpn);
+        qpns.insert(rep.local_comm_id, rep.local_qpn);
+    }
+    for (dreq, drep) in [(6, 7), (8, 9)] {
+        let (a, b) = (s.mads[dreq].1.comm_ids(), s.mads[drep].1.comm_ids());
+        assert_eq!((b.0, b.1), (a.1, a.0), "a DREP swaps its DREQ's IDs");
+        assert_eq!(s.mads[dreq].0, s.mads[drep].0);
+        let Message::Dreq(d) = s.mads[dreq].1 else {
+            unreachable!()
+        };
+        assert_eq!(Some(&d.remote_qpn), qpns.get(&d.remote_comm_id));
+    }
 }
 
 #[test]
