@@ -130,7 +130,11 @@ fn msg_kind(k: MsgKind) -> &'static str {
 /// The rdma_cm header of a REQ's or SIDR_REQ's private data, if it holds one.
 fn cma_text(private_data: &[u8]) -> String {
     match CmaHeader::parse(private_data) {
-        Ok(h) => format!(" rdma_cm {}:{} -> {}", h.src, h.src_port, h.dst),
+        Ok(h) => format!(
+            " rdma_cm {} -> {}",
+            std::net::SocketAddr::new(h.src, h.src_port),
+            h.dst
+        ),
         Err(_) => String::new(),
     }
 }
@@ -664,6 +668,13 @@ mod tests {
         ));
         assert!(text.contains("CM DREQ TID=0x2bb602d4b localCommID=0x4b2d60bb remoteCommID=0x97a48a9e remoteQPN=0x00001b"));
         assert!(summary_text(&s).contains("2  CM DREP"));
+        let mut out = Vec::new();
+        decode(&capture("rping_cm_v6.pcap"), false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("rdma_cm [fd00:234::11]:51870 -> fd00:234::12"),
+            "{text}"
+        );
         let mut out = Vec::new();
         decode(&capture("write_bw_cm.pcap"), true, &mut out).unwrap();
         let first: serde_json::Value =

@@ -1,10 +1,14 @@
 //! Golden tests on every capture made with Linux Soft-RoCE (tests/data/rxe, copied from the
-//! shared peer harness): every RoCEv2 packet parses, its ICRC verifies, and re-emitting its
-//! headers around its payload reproduces the frame byte for byte. Each capture must also show
-//! what it was made to show (opcodes, syndromes, ECN, VLAN, IPv6, 4 KiB MTU).
+//! shared peer harness, and the connection manager's from tests/interop/record_cm.py): every
+//! RoCEv2 packet parses, its ICRC verifies, and re-emitting its headers around its payload
+//! reproduces the frame byte for byte; every MAD to QP1 parses as a CM message and re-emits
+//! byte for byte. Each capture must also show what it was made to show (opcodes, syndromes,
+//! ECN, VLAN, IPv6, 4 KiB MTU, the CM's exchanges).
 
 use dataplane::wire::aeth::{NakCode, Syndrome};
-use dataplane::wire::cm::{Message, PortSpace, split_service_id};
+use dataplane::wire::cm::{
+    CmaHeader, Message, MsgKind, PortSpace, RejReason, SidrStatus, split_service_id,
+};
 use dataplane::wire::ipv4::Ecn;
 use dataplane::wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 use dataplane::wire::packet::{Checks, PacketInfo, RoceRepr, parse};
@@ -133,7 +137,7 @@ fn every_capture_parses_verifies_and_reemits_byte_for_byte() {
             files.insert(name, s.roce);
         }
     }
-    assert_eq!(files.len(), 19, "{files:?}");
+    assert_eq!(files.len(), 24, "{files:?}");
     assert!(total > 5000, "{total} RoCEv2 packets in {files:?}");
 }
 
@@ -267,6 +271,64 @@ fn ud_and_connection_manager_mads() {
         };
         assert_eq!(Some(&d.remote_qpn), qpns.get(&d.remote_comm_id));
     }
+}
+
+/// The CM messages of a capture, by name.
+fn cm_names(s: &Seen) -> Vec<&'static str> {
+    s.mads.iter().map(|m| m.1.name()).collect()
+}
+
+#[test]
+fn rdmacm_utils_connections_rejects_mras_and_sidr() {
+    // rping over IPv4 and IPv6: one connection, torn down by the client.
+    for (cap, v6) in [("rping_cm.pcap", false), ("rping_cm_v6.pcap", true)] {
+        let s = check_capture(cap);
+        assert_eq!(cm_names(&s), ["REQ", "REP", "RTU", "DREQ", "DREP"], "{cap}");
+        let Message::Req(req) = s.mads[0].1 else {
+            unreachable!()
+        };
+        let h = CmaHeader::parse(&req.private_data).unwrap();
+        assert_eq!((h.src.is_ipv6(), h.dst.is_ipv6()), (v6, v6), "{cap}");
+        assert_eq!(s.ipv6 > 0, v6, "{cap}");
+        // rping's data moves on the connection's RC QPs: SEND, READ and WRITE.
+        has_all(
+            &s,
+            &[op::RC_SEND_ONLY, op::RC_READ_REQUEST, op::RC_WRITE_ONLY],
+        );
+    }
+    // No listener: REJ "invalid service ID" of the REQ, with no communication ID of its own.
+    let s = check_capture("cm_rej.pcap");
+    assert_eq!(cm_names(&s), ["REQ", "REJ"]);
+    let Message::Rej(rej) = s.mads[1].1 else {
+        unreachable!()
+    };
+    assert_eq!(rej.reason, RejReason::InvalidServiceId);
+    assert_eq!(rej.message_rejected, MsgKind::Req);
+    assert_eq!(s.mads[1].1.comm_ids(), (0, s.mads[0].1.comm_ids().0));
+    // A stopped listener: the REQ is sent again after its timeout (4.096 us * 2^20 plus the
+    // packet life time) and the passive CM answers the duplicate with the MRA rdma_cm held
+    // back; the connection completes once the listener runs again.
+    let s = check_capture("cm_mra.pcap");
+    assert_eq!(
+        cm_names(&s),
+        ["REQ", "REQ", "MRA", "REP", "RTU", "DREQ", "DREP"]
+    );
+    assert_eq!(
+        s.mads[0], s.mads[1],
+        "the retransmitted REQ is the same MAD"
+    );
+    let Message::Mra(mra) = s.mads[2].1 else {
+        unreachable!()
+    };
+    assert_eq!((mra.message_mraed, mra.service_timeout), (MsgKind::Req, 24));
+    // udaddy: SIDR for RDMA_PS_UDP, then UD SENDs to the QP the SIDR_REP named.
+    let s = check_capture("udaddy.pcap");
+    assert_eq!(cm_names(&s), ["SIDR_REQ", "SIDR_REP"]);
+    let Message::SidrRep(rep) = s.mads[1].1 else {
+        unreachable!()
+    };
+    assert_eq!((rep.status, rep.qkey), (SidrStatus::Ok, 0x0123_4567));
+    assert!(s.dest_qps.contains(&rep.qpn), "{:?}", s.dest_qps);
 }
 
 #[test]

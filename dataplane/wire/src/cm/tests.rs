@@ -1,6 +1,7 @@
-//! Each layout against the bytes Linux Soft-RoCE sent (tests/data/rxe/write_bw_cm.pcap:
-//! `ib_write_bw -R`, rdma_cm over RC), and a property: whatever parses re-emits to bytes that
-//! parse to the same message.
+//! Each layout against the bytes Linux Soft-RoCE sent (tests/data/rxe: write_bw_cm.pcap,
+//! `ib_write_bw -R`; cm_mra, cm_rej, udaddy and rping_cm_v6.pcap, recorded with
+//! tests/interop/record_cm.py), the fields rxe leaves zero against hand-placed bytes, and a
+//! property: whatever parses re-emits to bytes that parse to the same message.
 
 use super::*;
 use crate::mad::{MAD_LEN, class, method};
@@ -120,18 +121,97 @@ fn rep_rtu_dreq_drep_from_rxe() {
     );
 }
 
+// cm_mra.pcap frame 3: the passive side's rping stopped, the active side's REQ retransmitted,
+// the passive CM answers with the MRA rdma_cm held back (service timeout 24).
+const MRA: &str = "0107020300000000000000023782e50c0011000000000000 1810920a 0ce58237 00c0";
+// cm_rej.pcap frame 2: a REQ to a port no one listens on; the REJ has no local ID of its own.
+const REJ: &str = "0107020300000000000000023782e50d0012000000000000 00000000 0de58237 0000 0008";
+// udaddy.pcap frames 1 and 2: SIDR for RDMA_PS_UDP port 7174 (rdma_cm's header with the
+// client's 10.234.0.11 port 41693), answered with QPN 0x14 and rdma_cm's UDP Q_Key.
+const SIDR_REQ: &str = "0107020300000000000000023782e50b0017000000000000
+    0be58237 ffff0000 0000000001111c06 0040a2dd 000000000000000000000000 0aea000b
+    000000000000000000000000 0aea000c";
+const SIDR_REP: &str = "0107020300000000000000023782e50b0018000000000000
+    0be58237 00000000 00001400 0000000001111c06 01234567";
+// rping_cm_v6.pcap frame 1: a REQ over IPv6 (GIDs and rdma_cm addresses fd00:234::11 and ::12).
+const REQ_V6: &str = "0107020300000000000000023782e50e0010000000000000
+    0ee58237 00000000 0000000001061d30 505400fffee90111 00000000 00000000 00001201 00000001
+    000000a0 2edad4a7 ffff37f0 ffffffff fd000234000000000000000000000011
+    fd000234000000000000000000000012 8a652000 00400098
+    0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000
+    0060ca9e fd000234000000000000000000000011 fd000234000000000000000000000012";
+
 #[test]
-fn mra_rej_sidr_fields_sit_where_the_tables_put_them() {
-    // MRA of a REQ, service timeout 24 (rdma_cm's CMA_CM_MRA_SETTING): byte 8's top two bits,
-    // byte 9's top five.
-    let b = mad("010702030000000000000000000000070011000000000000
-        11111111 22222222 00 c0 ee");
-    let Message::Mra(m) = parse_exact(&b, 7) else {
-        panic!()
+fn mra_rej_sidr_from_rxe() {
+    let Message::Mra(m) = parse_exact(&mad(MRA), 0x2_3782_e50c) else {
+        panic!("not an MRA")
     };
+    assert_eq!(
+        (m.local_comm_id, m.remote_comm_id),
+        (0x1810_920a, 0x0ce5_8237)
+    );
     assert_eq!((m.message_mraed, m.service_timeout), (MsgKind::Req, 24));
-    assert_eq!(m.private_data[0], 0xee);
-    // REJ of a REP (01 in the top bits), ARI length 3, reason 28 (consumer reject).
+    let Message::Rej(r) = parse_exact(&mad(REJ), 0x2_3782_e50d) else {
+        panic!("not a REJ")
+    };
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (0, 0x0de5_8237));
+    assert_eq!(
+        (r.message_rejected, r.ari_len, r.reason),
+        (MsgKind::Req, 0, RejReason::InvalidServiceId)
+    );
+    let Message::SidrReq(s) = parse_exact(&mad(SIDR_REQ), 0x2_3782_e50b) else {
+        panic!("not a SIDR_REQ")
+    };
+    assert_eq!((s.request_id, s.pkey), (0x0be5_8237, 0xffff));
+    assert_eq!(split_service_id(s.service_id), Some((PortSpace::Udp, 7174)));
+    let h = CmaHeader::parse(&s.private_data).unwrap();
+    assert_eq!(
+        (h.src, h.src_port, h.dst),
+        (
+            "10.234.0.11".parse().unwrap(),
+            41693,
+            "10.234.0.12".parse().unwrap()
+        )
+    );
+    let Message::SidrRep(s) = parse_exact(&mad(SIDR_REP), 0x2_3782_e50b) else {
+        panic!("not a SIDR_REP")
+    };
+    assert_eq!(
+        (s.request_id, s.status, s.qpn, s.qkey),
+        (0x0be5_8237, SidrStatus::Ok, 0x14, 0x0123_4567)
+    );
+    assert_eq!(s.service_id, service_id(PortSpace::Udp, 7174));
+}
+
+#[test]
+fn req_over_ipv6_from_rxe() {
+    let Message::Req(r) = parse_exact(&mad(REQ_V6), 0x2_3782_e50e) else {
+        panic!("not a REQ")
+    };
+    assert_eq!((r.responder_resources, r.initiator_depth), (1, 1));
+    assert_eq!(
+        r.primary.local_gid,
+        "fd00:234::11".parse::<Ipv6Addr>().unwrap()
+    );
+    assert_eq!(
+        r.primary.remote_gid,
+        "fd00:234::12".parse::<Ipv6Addr>().unwrap()
+    );
+    assert_eq!((r.primary.flow_label, r.primary.hop_limit), (0x8_a652, 64));
+    let h = CmaHeader::parse(&r.private_data).unwrap();
+    assert_eq!(
+        (h.src, h.src_port, h.dst),
+        (
+            "fd00:234::11".parse().unwrap(),
+            0xca9e,
+            "fd00:234::12".parse().unwrap()
+        )
+    );
+}
+
+#[test]
+fn fields_rxe_leaves_zero_sit_where_the_tables_put_them() {
+    // REJ of a REP (01 in byte 8's top bits), ARI length 3 (byte 9's top seven), reason 28.
     let b = mad("010702030000000000000000000000070012000000000000
         11111111 22222222 40 06 001c 0a0b0c");
     let Message::Rej(r) = parse_exact(&b, 7) else {
@@ -143,24 +223,33 @@ fn mra_rej_sidr_fields_sit_where_the_tables_put_them() {
     );
     assert_eq!((r.reason.code(), r.reason.name()), (28, "consumer reject"));
     assert_eq!(r.ari[..3], [0x0a, 0x0b, 0x0c]);
-    // SIDR_REQ for UDP port 7174 (udaddy's default), and its answer: QPN 0x12 with the Q_Key
-    // rdma_cm gives RDMA_PS_UDP (0x01234567), vendor ID split 16 + 8.
-    let b = mad("010702030000000000000000000000070017000000000000
-        33333333 ffff0000 0000000001111c06");
-    let Message::SidrReq(s) = parse_exact(&b, 7) else {
-        panic!()
-    };
-    assert_eq!(split_service_id(s.service_id), Some((PortSpace::Udp, 7174)));
-    assert_eq!(s.pkey, 0xffff);
+    // A SIDR_REP's vendor ID: 16 bits at byte 6, 8 at byte 11, around the QPN.
     let b = mad("010702030000000000000000000000070018000000000000
         33333333 00 00 1234 00001256 0000000001111c06 01234567");
     let Message::SidrRep(s) = parse_exact(&b, 7) else {
         panic!()
     };
+    assert_eq!((s.qpn, s.vendor_id), (0x12, 0x12_3456));
+    // A REP's vendor ID: one byte after each of the QPN, the EECN and the PSN; SRQ and
+    // failover bits.
+    let b = mad("010702030000000000000000000000070013000000000000
+        11111111 22222222 00000000 00001aab 000000cd fb57f7ef 0102 7c f0");
+    let Message::Rep(r) = parse_exact(&b, 7) else {
+        panic!()
+    };
     assert_eq!(
-        (s.status, s.qpn, s.vendor_id, s.qkey),
-        (SidrStatus::Ok, 0x12, 0x12_3456, 0x0123_4567)
+        (r.local_qpn, r.starting_psn, r.vendor_id),
+        (0x1a, 0xfb_57f7, 0xab_cdef)
     );
+    assert_eq!(
+        (
+            r.target_ack_delay,
+            r.failover_accepted,
+            r.end_to_end_flow_control
+        ),
+        (15, 2, false)
+    );
+    assert_eq!((r.rnr_retry_count, r.srq), (7, true));
 }
 
 #[test]
