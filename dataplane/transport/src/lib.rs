@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cc;
+pub mod cm;
 pub mod cq;
 pub mod device;
 pub mod mr;
