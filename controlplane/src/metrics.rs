@@ -365,6 +365,52 @@ fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
         "frames dropped because a handoff ring was full",
         &["lcore"],
     )?;
+    // QP1 and the connection manager (non-zero only on the lcore that owns QPN 1).
+    let cm_help = |name: &str| match name {
+        "rx_mads" => "MADs QP1's connection manager received",
+        "tx_mads" => "MADs QP1's connection manager sent",
+        "rx_malformed" => "MADs to QP1 that are no connection manager message, dropped",
+        "rx_unknown_conn" => {
+            "CM messages for no connection we know, dropped (or answered: REJ, DREP)"
+        }
+        "rx_unexpected" => "CM messages that do not fit their connection's state, dropped",
+        "rx_duplicate" => "retransmitted CM messages received, answered again or ignored",
+        "tx_rej" => "REJs sent (no listener, timeouts, refusals)",
+        "retransmits" => "CM messages sent again after a timeout",
+        "timeouts" => "connections given up after every CM retry",
+        "evicted" => "half-open connections dropped to make room for a new REQ",
+        "queue_full" => "CM MADs or events dropped because their queue was full",
+        "established" => "connections the connection manager established",
+        "rx_not_mad" => "frames to QP1 that are no MAD (opcode, Q_Key, length), dropped",
+        "tx_no_path" => "MADs to a peer whose path QP1 does not know, dropped",
+        "tx_no_buffer" => "MADs dropped for want of a buffer or a port that takes them",
+        _ => "frames QP1 sent",
+    };
+    let mut cm_families = Vec::new();
+    for (name, _) in HostCounters::default().cm.named() {
+        cm_families.push(f.counter(
+            &format!("ferroce_cm_{name}_total"),
+            cm_help(name),
+            &["lcore"],
+        )?);
+    }
+    let mut gsi_families = Vec::new();
+    for (name, _) in HostCounters::default().gsi.named() {
+        gsi_families.push(f.counter(
+            &format!("ferroce_gsi_{name}_total"),
+            cm_help(name),
+            &["lcore"],
+        )?);
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        let l = i.to_string();
+        for (c, (_, v)) in cm_families.iter().zip(h.cm.named()) {
+            c.with_label_values(&[l.as_str()]).inc_by(v);
+        }
+        for (c, (_, v)) in gsi_families.iter().zip(h.gsi.named()) {
+            c.with_label_values(&[l.as_str()]).inc_by(v);
+        }
+    }
     let qps = f.int_gauge("ferroce_qps", "QPs by state", &["lcore", "state"])?;
     let dq = f.int_gauge(
         "ferroce_dcqcn_qps",

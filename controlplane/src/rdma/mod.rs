@@ -568,6 +568,12 @@ pub fn host_counters_json(h: &HostCounters) -> serde_json::Map<String, serde_jso
         .collect();
     m.insert("handoffs".into(), h.handoffs.into());
     m.insert("handoff_drops".into(), h.handoff_drops.into());
+    for (k, v) in h.cm.named() {
+        m.insert(format!("cm_{k}"), v.into());
+    }
+    for (k, v) in h.gsi.named() {
+        m.insert(format!("gsi_{k}"), v.into());
+    }
     m
 }
 

@@ -31,9 +31,11 @@ use crate::time::Instant;
 use crate::wire::packet::{Checks, parse};
 use crossbeam_channel::Sender;
 use transport::device::{Device, DeviceCounters, Transmit};
+use transport::gsi::{Gsi, GsiCounters};
 use transport::perftest::{Reply, TestError, Tests};
 
 pub use transport::device::{QPN_QUARANTINE, QPN_SHARD_SHIFT, shard_of};
+use wire::mad::GSI_QPN;
 
 /// Frames all QPs together may queue per loop iteration: about what the loop receives per
 /// iteration ([`crate::lcore::RX_BURSTS_PER_POLL`] bursts), so ACKs keep pace with the data
@@ -56,15 +58,23 @@ pub struct Shard {
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
     pub handoff_drops: u64,
+    /// QP1 and the port's connection manager, on the shard that owns QPN 1 (shard 0).
+    pub gsi: Option<Gsi>,
 }
 
 impl Shard {
-    /// What the lcore reports: its device's counters at `now` and its handoffs.
+    /// What the lcore reports: its device's counters at `now`, its handoffs and its QP1's.
     pub fn counters(&self, now: Instant) -> HostCounters {
         HostCounters {
             dev: self.dev.counters(now),
             handoffs: self.handoffs,
             handoff_drops: self.handoff_drops,
+            cm: self
+                .gsi
+                .as_ref()
+                .map(|g| *g.cm.counters())
+                .unwrap_or_default(),
+            gsi: self.gsi.as_ref().map(|g| *g.counters()).unwrap_or_default(),
         }
     }
 }
@@ -78,6 +88,10 @@ pub struct HostCounters {
     pub handoffs: u64,
     /// Frames dropped because a handoff ring was full.
     pub handoff_drops: u64,
+    /// Its connection manager's (zero on an lcore without QP1).
+    pub cm: transport::cm::Counters,
+    /// Its QP1's framing (zero on an lcore without QP1).
+    pub gsi: GsiCounters,
 }
 
 type Job = Box<dyn FnOnce(&mut Shard, Instant) + Send>;
@@ -147,6 +161,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 apps: Apps::default(),
                 handoffs: 0,
                 handoff_drops: 0,
+                gsi: (shard == shard_of(GSI_QPN)).then(|| Gsi::new(port, gsi_config(shard))),
             },
             spare: None,
             to: Vec::new(),
@@ -189,6 +204,13 @@ impl<B: PacketBuf> RdmaHost<B> {
         buf: B,
         io: &mut Io<'_, Q>,
     ) {
+        if info.dest_qp == GSI_QPN {
+            match self.shard.gsi.as_mut() {
+                Some(g) => g.receive(now, info, buf.data()),
+                None => io.drop_frame(DropReason::NotForUs, buf),
+            }
+            return;
+        }
         if self.shard.dev.handle_frame(now, info, buf.data()).is_err() {
             io.drop_frame(DropReason::NotForUs, buf);
         }
@@ -205,11 +227,15 @@ impl<B: PacketBuf> RdmaHost<B> {
             s.apps.on_event(&e);
             s.tests.handle_event(&mut s.dev, e, now);
         }
-        if s.dev.has_ready() {
+        let gsi_tx = s.gsi.as_ref().is_some_and(|g| g.has_tx());
+        if s.dev.has_ready() || gsi_tx {
             let mut tx = LcoreTx {
                 io,
                 spare: &mut self.spare,
             };
+            if let Some(g) = s.gsi.as_mut().filter(|_| gsi_tx) {
+                g.transmit(&mut tx);
+            }
             s.dev.transmit(now, TX_PER_POLL, &mut tx);
         }
     }
@@ -303,6 +329,9 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         }
         s.tests.poll(&mut s.dev, now);
         s.dev.handle_timeouts(now);
+        if let Some(g) = s.gsi.as_mut() {
+            g.poll(now);
+        }
         self.flush(io);
     }
 
@@ -317,6 +346,16 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
         for r in self.from.iter_mut() {
             while r.pop().is_ok() {}
         }
+    }
+}
+
+/// The connection manager of shard `shard`'s QP1: randomness for its IDs from the OS, the rest
+/// as IBTA and rdma_cm use it.
+fn gsi_config(shard: u32) -> transport::cm::Config {
+    use std::hash::BuildHasher;
+    transport::cm::Config {
+        seed: std::collections::hash_map::RandomState::new().hash_one(shard),
+        ..transport::cm::Config::default()
     }
 }
 

@@ -758,3 +758,134 @@ fn an_applications_own_memory_is_read_and_written_in_place() {
     assert_ne!(got, secret, "another PD's bytes reached the peer");
     stop_all([&a, &b], vec![ta, tb]);
 }
+
+/// Waits (polling the lcore) until `f` gives something.
+fn until<T: Send + 'static>(
+    ctl: &HostControl,
+    f: impl Fn(&mut Shard) -> Option<T> + Send + Clone + 'static,
+) -> T {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let g = f.clone();
+        if let Some(v) = ask(ctl, move |h, _| g(h)).unwrap() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "nothing in {WAIT:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+fn cm_event(h: &mut Shard) -> Option<transport::cm::Event> {
+    h.gsi.as_mut().and_then(|g| g.cm.poll_event())
+}
+
+#[test]
+fn qp1_on_two_lcores_connects_through_the_cm_and_refuses_an_unlistened_service() {
+    use std::net::IpAddr;
+    use transport::cm::{AcceptParams, ConnectParams, Event, State, gid_of, service_id_of};
+    use transport::gsi::PeerPath;
+    use wire::cm::{Path, RejReason};
+    let (qa, qb) = link(info(1), info(2), 64);
+    let (a, ta) = spawn(0, qa, RdmaHost::new(0, 0, 100e9));
+    let (b, tb) = spawn(1, qb, RdmaHost::new(0, 0, 100e9));
+    let (ip_a, ip_b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let connect = move |h: &mut Shard, now: Instant, port: u16| {
+        let g = h.gsi.as_mut().expect("shard 0 has QP1");
+        g.learn(PeerPath {
+            peer: ip_b,
+            local: ip_a,
+            peer_mac: [2, 0, 0, 0, 0, 2],
+            local_mac: [2, 0, 0, 0, 0, 1],
+            vlan: None,
+        });
+        let c = g.cm.connect(
+            now,
+            &ConnectParams {
+                service_id: service_id_of(port),
+                peer: ip_b,
+                path: Path {
+                    local_gid: gid_of(ip_a),
+                    remote_gid: gid_of(ip_b),
+                    hop_limit: 64,
+                    ..Path::default()
+                },
+                qpn: 0x11,
+                starting_psn: 1,
+                path_mtu: 5,
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                srq: false,
+                pkey: 0xffff,
+                private_data: [0; 92],
+            },
+        );
+        g.rearm();
+        c.unwrap()
+    };
+    // Nobody listens on B: the REQ crosses the link, B's QP1 answers with a REJ.
+    let c1 = ask(&a, move |h, now| connect(h, now, 7999)).unwrap();
+    let e = until(&a, cm_event);
+    assert_eq!(
+        e,
+        Event::Rejected {
+            conn: c1,
+            reason: RejReason::InvalidServiceId
+        }
+    );
+    // B listens: REQ, REP, RTU.
+    ask(&b, |h, _| {
+        h.gsi.as_mut().unwrap().cm.listen(service_id_of(7471))
+    })
+    .unwrap()
+    .unwrap();
+    let ca = ask(&a, move |h, now| connect(h, now, 7471)).unwrap();
+    let Event::Request {
+        conn: cb,
+        peer,
+        req,
+    } = until(&b, cm_event)
+    else {
+        panic!("B was not asked")
+    };
+    assert_eq!((peer, req.local_qpn, req.path_mtu), (ip_a, 0x11, 5));
+    ask(&b, move |h, now| {
+        let g = h.gsi.as_mut().unwrap();
+        let r = g.cm.accept(
+            now,
+            cb,
+            &AcceptParams {
+                qpn: 0x22,
+                starting_psn: 2,
+                responder_resources: 1,
+                initiator_depth: 1,
+                target_ack_delay: 15,
+                rnr_retry_count: 7,
+                srq: false,
+                private_data: [0; 196],
+            },
+        );
+        g.rearm();
+        r
+    })
+    .unwrap()
+    .unwrap();
+    let Event::Reply { conn, rep } = until(&a, cm_event) else {
+        panic!("A had no reply")
+    };
+    assert_eq!((conn, rep.local_qpn, rep.starting_psn), (ca, 0x22, 2));
+    ask(&a, move |h, _| h.gsi.as_mut().unwrap().cm.establish(ca))
+        .unwrap()
+        .unwrap();
+    assert_eq!(until(&b, cm_event), Event::Established { conn: cb });
+    let st = ask(&b, move |h, _| h.gsi.as_ref().unwrap().cm.state(cb)).unwrap();
+    assert_eq!(st, Some(State::Established));
+    let counters = ask(&b, |h, now| h.counters(now)).unwrap();
+    assert_eq!(
+        (counters.cm.rx, counters.cm.tx_rej, counters.gsi.tx_frames),
+        (3, 1, 2)
+    );
+    assert_eq!(counters.cm.established, 1);
+    stop_all([&a, &b], vec![ta, tb]);
+}

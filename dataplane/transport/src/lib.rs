@@ -21,6 +21,7 @@ pub mod cc;
 pub mod cm;
 pub mod cq;
 pub mod device;
+pub mod gsi;
 pub mod mr;
 pub mod ops;
 pub mod perftest;

@@ -351,6 +351,26 @@ pub struct Counters {
     pub established: u64,
 }
 
+impl Counters {
+    /// Each counter with its name (the metric is `ferroce_cm_<name>_total`).
+    pub fn named(&self) -> [(&'static str, u64); 12] {
+        [
+            ("rx_mads", self.rx),
+            ("tx_mads", self.tx),
+            ("rx_malformed", self.rx_malformed),
+            ("rx_unknown_conn", self.rx_unknown_conn),
+            ("rx_unexpected", self.rx_unexpected),
+            ("rx_duplicate", self.rx_duplicate),
+            ("tx_rej", self.tx_rej),
+            ("retransmits", self.retransmits),
+            ("timeouts", self.timeouts),
+            ("evicted", self.evicted),
+            ("queue_full", self.queue_full),
+            ("established", self.established),
+        ]
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Conn {
     id: u32,
@@ -725,6 +745,11 @@ impl Cm {
                 }
             }
         }
+    }
+
+    /// Whether MADs wait to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
     }
 
     /// The next MAD to send.
@@ -1229,6 +1254,12 @@ impl Conn {
             service_id: 0,
         }
     }
+}
+
+/// rdma_cm's service ID of a TCP port (RDMA_PS_TCP): what rping, perftest -R and NVMe-oF
+/// connect to.
+pub fn service_id_of(port: u16) -> u64 {
+    cm::service_id(cm::PortSpace::Tcp, port)
 }
 
 /// An IP address as the GID RoCEv2 carries for it (IPv4-mapped for IPv4).
