@@ -7,7 +7,9 @@ Boots one peer VM (peer.Lab), starts roced on net_af_packet in the lab's namespa
 each case in both roles (ferroce as perftest client against the VM's server, and the VM's
 perftest client against `rocectl perf --server`). The `lib` cases run the same unmodified
 tool on both ends: Debian's perftest or rdma-core example on ferroce through
-libferroce_ibverbs.so (LD_PRELOAD, attached to roced's socket), against the same on rxe. A case passes when both sides exit 0 and
+libferroce_ibverbs.so (LD_PRELOAD, attached to roced's socket), against the same on rxe.
+The `cm` cases run the VM's rdmacm-utils against roced's QP1 (its connection manager
+refusing what no one listens on). A case passes when both sides exit 0 and
 report the same message size and iteration count with a non-zero bandwidth. Prints one line
 per case, then the tools' own output for every case; exits 1 if any case failed.
 
@@ -207,6 +209,33 @@ LIB_CASES = [
     case("lib ipv6 send_lat 8B", "ib_send_lat -s 8 -n 200 -m 1024", None, gid=2),
     case("lib ipv6 rc_pingpong 4KiB", "ibv_rc_pingpong -s 4096 -n 100 -m 1024", None, gid=2),
 ]
+
+# rdma_cm against ferroce's QP1: the VM's unmodified rdmacm-utils to roced, whose connection
+# manager answers. (name, the command in the VM, what its output must show, the CM counter
+# that must grow.)
+CM_CASES = [
+    dict(name="cm rping -c to no listener", cmd="rping -c -a %s -p 7999 -C 1 -v" % peer.FERROCE_IP,
+         expect=r"RDMA_CM_EVENT_REJECTED, error 8", counter="cm_tx_rej"),
+    dict(name="cm ipv6 rping -c to no listener",
+         cmd="rping -c -a %s -p 7999 -C 1 -v" % peer.FERROCE_IP6,
+         expect=r"RDMA_CM_EVENT_REJECTED, error 8", counter="cm_tx_rej"),
+    dict(name="cm udaddy to no listener", cmd="udaddy -s %s -C 1" % peer.FERROCE_IP,
+         expect=r"RDMA_CM_EVENT_UNREACHABLE", counter="cm_tx_mads"),
+]
+
+
+def run_cm_case(vm, c):
+    """The VM's tool against roced: its output shows ferroce's answer, and roced counted it."""
+    before = counter(c["counter"])
+    t = time.time()
+    _, out = vm.run("timeout -k 5 60 %s; echo EXIT=$?" % c["cmd"], 90)
+    took = time.time() - t
+    grew = counter(c["counter"]) - before
+    ok = re.search(c["expect"], out) is not None and grew >= 1
+    why = "%s in %.1fs; %s +%d" % ("answered" if ok else "not answered as expected", took,
+                                   c["counter"], grew)
+    return [("rxe rdma_cm -> ferroce QP1", ok, why, "", out)]
+
 
 # Flags every tool gets: the device, and for perftest the report format.
 PERFTEST_FLAGS = " -d rxe0 -F -x %d"
@@ -515,8 +544,16 @@ def main():
         print("peer %s up (rxe0 ACTIVE) after %.1fs" % (vm.ip, time.time() - t0), flush=True)
         roced = Roced(logdir, LAB_MTU)
         try:
-            for c in CASES + LIB_CASES:
+            for c in CASES + LIB_CASES + CM_CASES:
                 if only and only not in c["name"]:
+                    continue
+                if c in CM_CASES:
+                    results = run_cm_case(vm, c)
+                    for roles, ok, why, fout, rout in results:
+                        rows.append((c["name"], roles, ok, why))
+                        details.append((c["name"] + ", " + roles, fout, rout))
+                        print("%-28s %-30s %s  %s" % (c["name"], roles, "PASS" if ok else "FAIL",
+                                                      why), file=sys.stderr, flush=True)
                     continue
                 results = run_case(vm, c)
                 why = peer_side_failure(vm, c, results)
