@@ -798,27 +798,17 @@ fn qp1_on_two_lcores_connects_through_the_cm_and_refuses_an_unlistened_service()
             local_mac: [2, 0, 0, 0, 0, 1],
             vlan: None,
         });
+        let path = Path {
+            local_gid: gid_of(ip_a),
+            remote_gid: gid_of(ip_b),
+            hop_limit: 64,
+            ..Path::default()
+        };
         let c = g.cm.connect(
             now,
             &ConnectParams {
-                service_id: service_id_of(port),
-                peer: ip_b,
-                path: Path {
-                    local_gid: gid_of(ip_a),
-                    remote_gid: gid_of(ip_b),
-                    hop_limit: 64,
-                    ..Path::default()
-                },
-                qpn: 0x11,
-                starting_psn: 1,
                 path_mtu: 5,
-                responder_resources: 1,
-                initiator_depth: 1,
-                retry_count: 7,
-                rnr_retry_count: 7,
-                srq: false,
-                pkey: 0xffff,
-                private_data: [0; 92],
+                ..ConnectParams::new(service_id_of(port), ip_b, path, 0x11, 1)
             },
         );
         g.rearm();
@@ -852,20 +842,7 @@ fn qp1_on_two_lcores_connects_through_the_cm_and_refuses_an_unlistened_service()
     assert_eq!((peer, req.local_qpn, req.path_mtu), (ip_a, 0x11, 5));
     ask(&b, move |h, now| {
         let g = h.gsi.as_mut().unwrap();
-        let r = g.cm.accept(
-            now,
-            cb,
-            &AcceptParams {
-                qpn: 0x22,
-                starting_psn: 2,
-                responder_resources: 1,
-                initiator_depth: 1,
-                target_ack_delay: 15,
-                rnr_retry_count: 7,
-                srq: false,
-                private_data: [0; 196],
-            },
-        );
+        let r = g.cm.accept(now, cb, &AcceptParams::new(0x22, 2));
         g.rearm();
         r
     })

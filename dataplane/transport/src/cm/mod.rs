@@ -189,6 +189,29 @@ pub struct ConnectParams {
     pub private_data: [u8; cm::private_len::REQ],
 }
 
+impl ConnectParams {
+    /// An RC connect of QP `qpn` from `starting_psn` to `service_id` at `peer` over `path`,
+    /// with what rdma_cm asks by default: path MTU 1024, one READ or atomic outstanding each
+    /// way, 7 transport and RNR retries (RNR: infinite), P_Key 0xFFFF, no SRQ, no private data.
+    pub fn new(service_id: u64, peer: IpAddr, path: Path, qpn: u32, starting_psn: u32) -> Self {
+        ConnectParams {
+            service_id,
+            peer,
+            path,
+            qpn,
+            starting_psn,
+            path_mtu: 3,
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            pkey: 0xffff,
+            private_data: [0; cm::private_len::REQ],
+        }
+    }
+}
+
 /// What the passive side answers with.
 #[derive(Clone, Copy, Debug)]
 pub struct AcceptParams {
@@ -208,6 +231,23 @@ pub struct AcceptParams {
     pub srq: bool,
     /// Private data.
     pub private_data: [u8; cm::private_len::REP],
+}
+
+impl AcceptParams {
+    /// An answer with QP `qpn` from `starting_psn`: one READ or atomic outstanding each way,
+    /// an ACK delay code of 15 (134 ms), 7 RNR retries, no SRQ, no private data.
+    pub fn new(qpn: u32, starting_psn: u32) -> Self {
+        AcceptParams {
+            qpn,
+            starting_psn,
+            responder_resources: 1,
+            initiator_depth: 1,
+            target_ack_delay: 15,
+            rnr_retry_count: 7,
+            srq: false,
+            private_data: [0; cm::private_len::REP],
+        }
+    }
 }
 
 /// What the consumer is told.

@@ -122,33 +122,17 @@ fn conn_of(e: &Event) -> Option<ConnId> {
 }
 
 fn params(peer: IpAddr, b: u8) -> ConnectParams {
+    let sid = if b & 1 == 0 { SID } else { SID + 1 };
     ConnectParams {
-        service_id: if b & 1 == 0 { SID } else { SID + 1 },
-        peer,
-        path: Path::default(),
-        qpn: u32::from(b),
-        starting_psn: u32::from(b) << 8,
-        path_mtu: 3,
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        srq: false,
-        pkey: 0xffff,
         private_data: [b; cm::private_len::REQ],
+        ..ConnectParams::new(sid, peer, Path::default(), u32::from(b), u32::from(b) << 8)
     }
 }
 
 fn accept(b: u8) -> AcceptParams {
     AcceptParams {
-        qpn: u32::from(b),
-        starting_psn: 1,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 15,
-        rnr_retry_count: 7,
-        srq: false,
         private_data: [b; cm::private_len::REP],
+        ..AcceptParams::new(u32::from(b), 1)
     }
 }
 

@@ -192,42 +192,23 @@ fn connect_params() -> ConnectParams {
     }
     .emit(&mut private_data)
     .unwrap();
+    let path = Path {
+        local_lid: 0xffff,
+        remote_lid: 0xffff,
+        local_gid: gid_of(ip(A)),
+        remote_gid: gid_of(ip(B)),
+        hop_limit: 64,
+        local_ack_timeout: 19,
+        ..Path::default()
+    };
     ConnectParams {
-        service_id: sid(),
-        peer: ip(B),
-        path: Path {
-            local_lid: 0xffff,
-            remote_lid: 0xffff,
-            local_gid: gid_of(ip(A)),
-            remote_gid: gid_of(ip(B)),
-            hop_limit: 64,
-            local_ack_timeout: 19,
-            ..Path::default()
-        },
-        qpn: 0x11,
-        starting_psn: 0xa7_c3df,
-        path_mtu: 3,
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        srq: false,
-        pkey: 0xffff,
         private_data,
+        ..ConnectParams::new(sid(), ip(B), path, 0x11, 0xa7_c3df)
     }
 }
 
 fn accept_params() -> AcceptParams {
-    AcceptParams {
-        qpn: 0x22,
-        starting_psn: 0xae_5466,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 15,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: [0; cm::private_len::REP],
-    }
+    AcceptParams::new(0x22, 0xae_5466)
 }
 
 /// The wait before a resend with the default codes: 4.096 us * 2^20 plus two packet lifetimes.

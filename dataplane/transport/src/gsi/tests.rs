@@ -63,26 +63,13 @@ fn pair(v6: bool) -> (Gsi, Gsi) {
 }
 
 fn params(peer: IpAddr, local: IpAddr) -> ConnectParams {
-    ConnectParams {
-        service_id: cm::service_id_of(7471),
-        peer,
-        path: Path {
-            local_gid: cm::gid_of(local),
-            remote_gid: cm::gid_of(peer),
-            hop_limit: 64,
-            ..Path::default()
-        },
-        qpn: 0x100011,
-        starting_psn: 5,
-        path_mtu: 3,
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        srq: false,
-        pkey: 0xffff,
-        private_data: [0; wire::cm::private_len::REQ],
-    }
+    let path = Path {
+        local_gid: cm::gid_of(local),
+        remote_gid: cm::gid_of(peer),
+        hop_limit: 64,
+        ..Path::default()
+    };
+    ConnectParams::new(cm::service_id_of(7471), peer, path, 0x100011, 5)
 }
 
 /// Moves `from`'s frames into `to`; returns them.
@@ -160,17 +147,8 @@ fn a_connection_through_frames_and_a_timer_through_poll() {
         panic!()
     };
     assert_eq!((req.local_qpn, req.starting_psn), (0x100011, 5));
-    let acc = cm::AcceptParams {
-        qpn: 0x22,
-        starting_psn: 9,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 15,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: [0; wire::cm::private_len::REP],
-    };
-    b.cm.accept(now, cb, &acc).unwrap();
+    b.cm.accept(now, cb, &cm::AcceptParams::new(0x22, 9))
+        .unwrap();
     b.rearm();
     deliver(&mut b, &mut a, now);
     assert!(matches!(a.cm.poll_event(), Some(Event::Reply { conn, .. }) if conn == ca));
