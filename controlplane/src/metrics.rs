@@ -384,6 +384,7 @@ fn rdma(f: &Families, hosts: &[HostCounters]) -> Result<(), String> {
         "rx_not_mad" => "frames to QP1 that are no MAD (opcode, Q_Key, length), dropped",
         "tx_no_path" => "MADs to a peer whose path QP1 does not know, dropped",
         "tx_no_buffer" => "MADs dropped for want of a buffer or a port that takes them",
+        "events_lost" => "CM events the node's connection book missed (its queue was full)",
         _ => "frames QP1 sent",
     };
     let mut cm_families = Vec::new();

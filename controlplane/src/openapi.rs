@@ -265,6 +265,45 @@ pub fn document() -> Value {
                 "broken_rings": {"type": "integer"}}}}});
     let apps_path = json!({"get": op("Applications attached to the attach socket: pid, command, the PDs, MRs (local keys), CQs, QPs and address handles each made, and what its QPs posted, completed and had refused through their rings", vec![], None,
         json_ok(200, "applications", json!({"type": "array", "items": app}), &[]))});
+    let cm_id = || path_param("id", "the connection's communication ID");
+    let cm_port = || {
+        json!({"name": "port", "in": "path", "required": true,
+        "description": "the port listened on (rdma_cm's TCP port space)",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 65535}})
+    };
+    let cm_wait = json!({"type": "integer", "minimum": 0, "maximum": crate::api::MAX_CM_WAIT_MS,
+        "description": "wait up to this long for the peer (default 10000)"});
+    let cm_listeners_path = json!({
+        "get": op("The CM's listeners: port, service ID, backlog and REQs waiting for an accept", vec![], None,
+            json_ok(200, "listeners", json!({"type": "array", "items": r("CmListener")}), &[])),
+        "post": op("Listen on a port of rdma_cm's TCP port space (rdma_listen): REQs for it wait, up to backlog, for an accept; one past it is rejected (no resources)",
+            vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["port"],
+                "properties": {"port": {"type": "integer", "minimum": 0, "maximum": 65535},
+                               "backlog": {"type": "integer", "minimum": 1, "maximum": crate::rdma::MAX_BACKLOG}}}))),
+            json_ok(201, "the listener", r("CmListener"), &[400, 409, 500, 503]))
+    });
+    let cm_paths = json!({
+        "unlisten": {"delete": op("Stop listening; REQs still waiting are rejected", vec![cm_port()], None,
+            deleted("no longer listening", &[400, 404, 503]))},
+        "connect": {"post": op("Connect an RC QP in RESET to whoever listens on peer:port (rdma_resolve_addr, rdma_resolve_route, rdma_connect): the REQ carries rdma_cm's header, the QP goes to RTS with what the REP carries, the RTU is sent",
+            vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpn", "peer", "port"],
+                "properties": {"qpn": u32s, "peer": {"type": "string", "description": "the peer's IPv4 or IPv6 address"},
+                               "port": {"type": "integer", "minimum": 0, "maximum": 65535}, "timeout_ms": cm_wait}}))),
+            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 409, 500, 503, 504]))},
+        "accept": {"post": op("Take the oldest REQ waiting on a listened port (waiting for one), move an RC QP in RESET to RTS with what it carries, answer with a REP and wait for the RTU (rdma_get_cm_event, rdma_accept)",
+            vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["port", "qpn"],
+                "properties": {"port": {"type": "integer", "minimum": 0, "maximum": 65535}, "qpn": u32s,
+                               "timeout_ms": cm_wait}}))),
+            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 409, 500, 503, 504]))},
+        "connections": {"get": op("The CM connections the node remembers, with their state", vec![], None,
+            json_ok(200, "connections", json!({"type": "array", "items": r("CmConnection")}), &[]))},
+        "connection": {
+            "get": op("One CM connection", vec![cm_id()], None,
+                json_ok(200, "the connection", r("CmConnection"), &[400, 404])),
+            "delete": op("Disconnect (rdma_disconnect): a DREQ to the peer, and the QP to ERR", vec![cm_id()], None,
+                json_ok(200, "the connection after the DREQ", r("CmConnection"), &[400, 404, 409, 503]))
+        }
+    });
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
         vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qps", "wr"],
             "properties": {"qps": {"type": "array", "minItems": 1, "maxItems": crate::api::MAX_BULK, "items": {
@@ -434,6 +473,12 @@ pub fn document() -> Value {
             "/v1/qps/{qpn}/recv-stream": recv_stream_path,
             "/v1/recv-streams": recv_streams_path,
             "/v1/apps": apps_path,
+            "/v1/cm/listeners": cm_listeners_path,
+            "/v1/cm/listeners/{port}": cm_paths["unlisten"],
+            "/v1/cm/connect": cm_paths["connect"],
+            "/v1/cm/accept": cm_paths["accept"],
+            "/v1/cm/connections": cm_paths["connections"],
+            "/v1/cm/connections/{id}": cm_paths["connection"],
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
                 json_ok(200, "counters", json!({"type": "object", "properties": {"lcores": {"type": "array",
                     "items": {"type": "object"}}}}), &[503]))},
@@ -462,6 +507,17 @@ pub fn document() -> Value {
                 "lkey": u32s, "rkey": u32s, "addr": u64s, "length": {"type": "integer"},
                 "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"}, "zero_copy": {"type": "boolean"},
                 "pdn": u32s}},
+            "CmListener": {"type": "object", "required": ["port", "service_id", "backlog", "waiting"], "properties": {
+                "port": {"type": "integer"}, "service_id": {"type": "string"},
+                "backlog": {"type": "integer"}, "waiting": {"type": "integer"}}},
+            "CmConnection": {"type": "object", "required": ["id", "role", "state", "port", "peer", "age_ms"], "properties": {
+                "id": u32s, "role": {"type": "string", "enum": ["active", "passive"]},
+                "state": {"type": "string", "enum": ["requested", "accepting", "connecting", "replied",
+                    "rep_sent", "established", "rejected", "unreachable", "disconnected", "gone"]},
+                "port": {"type": "integer"}, "peer": {"type": "string"},
+                "peer_port": {"type": "integer", "nullable": true}, "qpn": {"type": "integer", "nullable": true},
+                "remote_qpn": {"type": "integer", "nullable": true},
+                "reject_reason": {"type": "string", "nullable": true}, "age_ms": {"type": "integer"}}},
             "Pd": {"type": "object", "required": ["pdn", "mrs", "qps"], "properties": {
                 "pdn": u32s, "mrs": {"type": "integer"}, "qps": {"type": "integer"}}},
             "Cq": {"type": "object", "required": ["cqn", "lcore", "cqe", "waiting", "users", "in_error"],

@@ -31,6 +31,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod cm;
 mod cq;
 mod error;
 mod impair;
@@ -42,6 +43,8 @@ mod stats;
 mod traffic;
 
 pub use crate::state::ApiState;
+pub use cm::MAX_CM_WAIT_MS;
+use cm::*;
 use cq::*;
 pub use error::ApiError;
 use impair::*;
@@ -136,6 +139,18 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/recv-streams", post(recv_streams))
         .route("/v1/stats", get(stats))
         .route("/v1/apps", get(apps))
+        .route("/v1/cm/listeners", get(cm_listeners).post(cm_listen))
+        .route(
+            "/v1/cm/listeners/{port}",
+            axum::routing::delete(cm_unlisten),
+        )
+        .route("/v1/cm/connect", post(cm_connect))
+        .route("/v1/cm/accept", post(cm_accept))
+        .route("/v1/cm/connections", get(cm_connections))
+        .route(
+            "/v1/cm/connections/{id}",
+            get(cm_connection).delete(cm_disconnect),
+        )
         .method_not_allowed_fallback(|req: axum::extract::Request| async move {
             ApiError {
                 status: 405,

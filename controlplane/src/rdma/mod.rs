@@ -29,12 +29,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long the control plane waits for an lcore's answer.
 mod apps;
+mod cm;
 mod objects;
 mod qp;
 mod work;
 
+pub use cm::{CmConnInfo, CmListenerInfo, CmRole, MAX_BACKLOG};
+
+/// How long the control plane waits for an lcore's answer.
 const LCORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connect waits for the remote GID's MAC.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -363,6 +366,8 @@ pub struct Rdma {
     qp_budget: usize,
     /// Bytes its QPs take now: changed only under the QP table's lock.
     qp_bytes: AtomicUsize,
+    /// RDMA CM: listeners, connections, the events of shard 0's CM.
+    cm: std::sync::Arc<cm::CmShared>,
 }
 
 /// The memory a node's QPs may take together, by the footprint each QP's caps give it (its
@@ -419,6 +424,7 @@ impl Rdma {
         let mut table = MrTable::with_key_seed(os_random() | 1);
         let pd = table.alloc_pd();
         Rdma {
+            cm: std::sync::Arc::new(cm::CmShared::new(lcores.clone())),
             lcores,
             alloc,
             mrs: Mutex::new(Mrs {

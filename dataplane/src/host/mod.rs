@@ -60,6 +60,9 @@ pub struct Shard {
     pub handoff_drops: u64,
     /// QP1 and the port's connection manager, on the shard that owns QPN 1 (shard 0).
     pub gsi: Option<Gsi>,
+    /// Where the CM's events go (the control plane's CM, once it started): sent without
+    /// waiting, lost and counted when it is full.
+    pub cm_events: Option<crossbeam_channel::Sender<transport::cm::Event>>,
 }
 
 impl Shard {
@@ -162,6 +165,7 @@ impl<B: PacketBuf> RdmaHost<B> {
                 handoffs: 0,
                 handoff_drops: 0,
                 gsi: (shard == shard_of(GSI_QPN)).then(|| Gsi::new(port, gsi_config(shard))),
+                cm_events: None,
             },
             spare: None,
             to: Vec::new(),
@@ -226,6 +230,9 @@ impl<B: PacketBuf> RdmaHost<B> {
         while let Some(e) = s.dev.poll_event() {
             s.apps.on_event(&e);
             s.tests.handle_event(&mut s.dev, e, now);
+        }
+        if let (Some(g), Some(to)) = (s.gsi.as_mut(), s.cm_events.as_ref()) {
+            g.drain_events(|e| to.try_send(e).is_ok());
         }
         let gsi_tx = s.gsi.as_ref().is_some_and(|g| g.has_tx());
         if s.dev.has_ready() || gsi_tx {

@@ -55,16 +55,19 @@ pub struct GsiCounters {
     pub tx_no_buffer: u64,
     /// Frames sent.
     pub tx_frames: u64,
+    /// CM events the consumer had no room for, lost (the peer's retries or timeouts follow).
+    pub events_lost: u64,
 }
 
 impl GsiCounters {
     /// Each counter with its name (the metric is `ferroce_gsi_<name>_total`).
-    pub fn named(&self) -> [(&'static str, u64); 4] {
+    pub fn named(&self) -> [(&'static str, u64); 5] {
         [
             ("rx_not_mad", self.rx_not_mad),
             ("tx_no_path", self.tx_no_path),
             ("tx_no_buffer", self.tx_no_buffer),
             ("tx_frames", self.tx_frames),
+            ("events_lost", self.events_lost),
         ]
     }
 }
@@ -156,6 +159,16 @@ impl Gsi {
     /// After a command on [`Gsi::cm`]: its deadline may have moved.
     pub fn rearm(&mut self) {
         self.deadline = self.cm.poll_timeout();
+    }
+
+    /// Hands each of the CM's events to `give`; one it refuses (its queue is full) is lost and
+    /// counted.
+    pub fn drain_events(&mut self, mut give: impl FnMut(crate::cm::Event) -> bool) {
+        while let Some(e) = self.cm.poll_event() {
+            if !give(e) {
+                self.counters.events_lost += 1;
+            }
+        }
     }
 
     /// Whether the CM has MADs waiting to be sent.

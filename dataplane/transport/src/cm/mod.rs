@@ -587,24 +587,56 @@ impl Cm {
         Ok(())
     }
 
-    /// Refuses a connection the consumer was asked about (a REQ, or a REP it cannot use).
+    /// Refuses a connection the consumer was asked about (a REQ, or a REP it cannot use), or
+    /// withdraws a REQ of ours still unanswered (as Linux's `ib_destroy_cm_id` does in
+    /// REQ_SENT: a REJ for reason timeout whatever `reason` says, naming no message, our CA
+    /// GUID in its ARI; the REQ's retransmissions stopped).
     pub fn reject(
         &mut self,
         conn: ConnId,
         reason: RejReason,
         private_data: &[u8],
     ) -> Result<(), CmError> {
-        let slot = self.slot_of(conn, &[State::ReqRcvd, State::MraReqSent, State::RepRcvd])?;
+        let slot = self.slot_of(
+            conn,
+            &[
+                State::ReqRcvd,
+                State::MraReqSent,
+                State::RepRcvd,
+                State::ReqSent,
+                State::MraReqRcvd,
+            ],
+        )?;
         if private_data.len() > cm::private_len::REJ {
             return Err(CmError::PrivateDataTooLong(cm::private_len::REJ));
         }
         let c = self.slots[slot].expect("slot_of found it");
-        let kind = if c.state == State::RepRcvd {
-            MsgKind::Rep
+        if matches!(c.state, State::ReqSent | State::MraReqRcvd) {
+            // The peer knows the connection only by our ID: a withdrawal says "timeout" with
+            // our CA GUID in the ARI, which is how the passive side (Linux's
+            // cm_acquire_rejected_id, and ours) finds it by the remote's IDs.
+            let mut pd = [0u8; cm::private_len::REJ];
+            pd[..private_data.len()].copy_from_slice(private_data);
+            let mut ari = [0u8; cm::ARI_LEN];
+            ari[..8].copy_from_slice(&self.cfg.local_ca_guid.to_be_bytes());
+            let rej = Message::Rej(Rej {
+                local_comm_id: c.id,
+                remote_comm_id: c.remote_id,
+                message_rejected: MsgKind::Other,
+                ari_len: 8,
+                reason: RejReason::Timeout,
+                ari,
+                private_data: pd,
+            });
+            self.counters.tx_rej += 1;
+            self.emit_to(c.peer, rej, c.tid);
         } else {
-            MsgKind::Req
-        };
-        self.send_rej(c.peer, c.tid, c.id, c.remote_id, kind, reason, private_data);
+            let kind = match c.state {
+                State::RepRcvd => MsgKind::Rep,
+                _ => MsgKind::Req,
+            };
+            self.send_rej(c.peer, c.tid, c.id, c.remote_id, kind, reason, private_data);
+        }
         self.slots[slot] = None;
         Ok(())
     }
@@ -704,7 +736,7 @@ impl Cm {
         match msg {
             Message::Req(r) => self.on_req(now, from, tid, &r),
             Message::Mra(m) => self.on_mra(now, &m),
-            Message::Rej(r) => self.on_rej(&r),
+            Message::Rej(r) => self.on_rej(from, &r),
             Message::Rep(r) => self.on_rep(from, tid, &r),
             Message::Rtu(r) => self.on_rtu(&r),
             Message::Dreq(d) => self.on_dreq(now, from, tid, &d),
@@ -902,8 +934,15 @@ impl Cm {
         }
     }
 
-    fn on_rej(&mut self, r: &Rej) {
-        let Some(slot) = self.find_local(r.remote_comm_id) else {
+    fn on_rej(&mut self, from: IpAddr, r: &Rej) {
+        // A REQ withdrawn (reason timeout, sent before the peer learned our ID) names the
+        // connection by the peer's own ID.
+        let withdrawn = || {
+            (r.reason == RejReason::Timeout)
+                .then(|| self.find_remote(from, r.local_comm_id, false))
+                .flatten()
+        };
+        let Some(slot) = self.find_local(r.remote_comm_id).or_else(withdrawn) else {
             self.counters.rx_unknown_conn += 1;
             return;
         };

@@ -493,6 +493,40 @@ fn rejects_no_listener_consumer_and_stale() {
         panic!()
     };
     assert_eq!(rej.reason, RejReason::StaleConn);
+    // The active side gives up before any answer (its consumer stopped waiting): the REQ is
+    // withdrawn with REJ "timeout", our CA GUID in the ARI, naming no message; the listener
+    // finds the connection by our ID and drops it; no REQ is sent again.
+    let mut p = Pair::new();
+    let ca = p.connect();
+    let (cb, _) = p.b_request();
+    p.a.reject(ca, RejReason::ConsumerReject, &[]).unwrap();
+    let t = p.a.poll_transmit().unwrap();
+    let Message::Rej(rej) = Message::parse(&t.mad).unwrap().1 else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            rej.reason,
+            rej.message_rejected,
+            rej.remote_comm_id,
+            rej.ari_len
+        ),
+        (RejReason::Timeout, MsgKind::Other, 0, 8)
+    );
+    assert_eq!(rej.ari[..8], cfg(1).local_ca_guid.to_be_bytes());
+    p.b.handle_mad(p.now, ip(A), &t.mad);
+    p.drive();
+    assert!(p.ev_b.contains(&Event::Rejected {
+        conn: cb,
+        reason: RejReason::Timeout
+    }));
+    assert_eq!((p.a.state(ca), p.b.state(cb)), (None, None));
+    p.run_for(Duration::from_secs(60));
+    assert_eq!(p.sent(true, "REQ"), 1);
+    // A REJ "timeout" naming nobody B knows is counted and dropped.
+    let before = p.b.counters().rx_unknown_conn;
+    p.b.handle_mad(p.now, ip(A), &t.mad);
+    assert_eq!(p.b.counters().rx_unknown_conn, before + 1);
 }
 
 #[test]

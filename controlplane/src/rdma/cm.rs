@@ -1,0 +1,856 @@
+//! RDMA CM on the node: listeners, connections, and the QP moves their REQs and REPs carry.
+//!
+//! The CM's state machine runs on the lcore owning QP1 (shard 0's `Gsi`, sans-IO). Its events
+//! come here over a bounded channel into a book (`CmShared`), which the waiting calls read:
+//! a connect waits for its REP, moves its QP RESET -> INIT -> RTR -> RTS with what the REP
+//! carries, then has the RTU sent; an accept takes a REQ from its listener's backlog, moves
+//! its QP with what the REQ carries, then has the REP sent and waits for the RTU. The lcore
+//! never waits for us: a REQ nobody takes is answered by the CM's own timers (the peer
+//! retries, then gives up), one past the backlog is rejected at once.
+//!
+//! What the QPs get follows Linux's ib_cm and rdma_cm (`cm_init_qp_*_attr`): the peer's QPN
+//! and first PSN, the path MTU both sides can carry, READs and atomics each way as the REQ and
+//! REP settle them (the responder resources one side offers bound the other's initiator
+//! depth), remote write always and remote read and atomic when the QP answers READs, the
+//! active side's retry count, each side's RNR retry count as the other gave it.
+
+use super::*;
+use crossbeam_channel::Receiver;
+use dataplane::transport::cm::{
+    AcceptParams, CmError, ConnId, ConnectParams, Event, gid_of, service_id_of,
+};
+use dataplane::transport::gsi::PeerPath;
+use dataplane::transport::mr::Access;
+use dataplane::wire::cm::{CmaHeader, PortSpace, RejReason, Rep, Req, split_service_id};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Connections a listener holds unaccepted at most (rdma_listen's backlog bound).
+pub const MAX_BACKLOG: usize = 1024;
+/// Connections the book remembers at most; past it the oldest finished ones are forgotten.
+const BOOK_MAX: usize = 4096;
+/// Events the lcore may have sent ahead of the book.
+const EVENT_QUEUE: usize = 4096;
+/// The ACK timeout code a connect's QP takes (67 ms), as rdma_cm's default path record does.
+const ACK_TIMEOUT: u8 = 14;
+/// The RNR NAK timer code our QPs send (0.64 ms: perftest's and rdma_cm users' usual 12).
+const MIN_RNR_TIMER: u8 = 12;
+/// The longest a connect or accept waits, whatever the caller asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Which side of a connection the node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CmRole {
+    /// It sent the REQ.
+    Active,
+    /// It listened and got the REQ.
+    Passive,
+}
+
+/// Where a connection stands, as the book knows it.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// Passive: a REQ waits in a listener's backlog.
+    Requested(Req),
+    /// Passive: an accept took it; its QP is being moved.
+    Accepting,
+    /// Active: the REQ is out.
+    Connecting,
+    /// Active: the REP came.
+    Replied(Rep),
+    /// Passive: REP sent, waiting for the RTU.
+    RepSent,
+    /// Both: the connection is up.
+    Established,
+    /// The peer (or we) refused it.
+    Rejected(RejReason),
+    /// The peer never answered.
+    Unreachable,
+    /// A DREQ came, or ours was answered or given up on.
+    Disconnected,
+    /// The CM dropped it (evicted, or TIMEWAIT over).
+    Gone,
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Requested(_) => "requested",
+            Phase::Accepting => "accepting",
+            Phase::Connecting => "connecting",
+            Phase::Replied(_) => "replied",
+            Phase::RepSent => "rep_sent",
+            Phase::Established => "established",
+            Phase::Rejected(_) => "rejected",
+            Phase::Unreachable => "unreachable",
+            Phase::Disconnected => "disconnected",
+            Phase::Gone => "gone",
+        }
+    }
+
+    fn finished(&self) -> bool {
+        matches!(
+            self,
+            Phase::Rejected(_) | Phase::Unreachable | Phase::Disconnected | Phase::Gone
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Conn {
+    role: CmRole,
+    /// The service's port (TCP port space).
+    port: u16,
+    peer: IpAddr,
+    /// The peer's source port, from its rdma_cm header (passive).
+    peer_port: Option<u16>,
+    qpn: Option<u32>,
+    remote_qpn: Option<u32>,
+    phase: Phase,
+    since: Instant,
+}
+
+/// A connection as the node lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CmConnInfo {
+    /// Its communication ID (ours).
+    pub id: u32,
+    /// Active or passive.
+    pub role: CmRole,
+    /// requested, accepting, connecting, replied, rep_sent, established, rejected,
+    /// unreachable, disconnected or gone.
+    pub state: &'static str,
+    /// The service's port.
+    pub port: u16,
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The peer's rdma_cm source port, when its REQ said.
+    pub peer_port: Option<u16>,
+    /// Our QP.
+    pub qpn: Option<u32>,
+    /// The peer's QP.
+    pub remote_qpn: Option<u32>,
+    /// Why it was refused, for a rejected one.
+    pub reject_reason: Option<&'static str>,
+    /// Milliseconds since its last change.
+    pub age_ms: u64,
+}
+
+/// A listener as the node lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CmListenerInfo {
+    /// The port listened on (rdma_cm's TCP port space).
+    pub port: u16,
+    /// Its service ID.
+    pub service_id: String,
+    /// REQs it holds at most unaccepted.
+    pub backlog: usize,
+    /// REQs waiting for an accept.
+    pub waiting: usize,
+}
+
+#[derive(Default)]
+struct Book {
+    conns: BTreeMap<u32, Conn>,
+    /// Port -> (backlog bound, REQs waiting, oldest first).
+    listeners: BTreeMap<u16, (usize, VecDeque<u32>)>,
+}
+
+impl Book {
+    fn info(&self, id: u32, c: &Conn, now: Instant) -> CmConnInfo {
+        let _ = self;
+        CmConnInfo {
+            id,
+            role: c.role,
+            state: c.phase.name(),
+            port: c.port,
+            peer: c.peer,
+            peer_port: c.peer_port,
+            qpn: c.qpn,
+            remote_qpn: c.remote_qpn,
+            reject_reason: match c.phase {
+                Phase::Rejected(r) => Some(r.name()),
+                _ => None,
+            },
+            age_ms: now.saturating_duration_since(c.since).as_millis() as u64,
+        }
+    }
+
+    /// Forgets the oldest finished connections past [`BOOK_MAX`].
+    fn prune(&mut self) {
+        while self.conns.len() > BOOK_MAX {
+            let oldest = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.phase.finished())
+                .min_by_key(|(_, c)| c.since)
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => {
+                    self.conns.remove(&id);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn set(&mut self, id: u32, phase: Phase) -> Option<&mut Conn> {
+        let c = self.conns.get_mut(&id)?;
+        c.phase = phase;
+        c.since = Instant::now();
+        Some(c)
+    }
+
+    fn unqueue(&mut self, id: u32) {
+        for (_, q) in self.listeners.values_mut() {
+            q.retain(|&c| c != id);
+        }
+    }
+}
+
+/// The node's side of the CM: the book, and how it reaches the lcores.
+pub(super) struct CmShared {
+    book: Mutex<Book>,
+    changed: Condvar,
+    lcores: Vec<Sender<Command<ApplianceCommand>>>,
+    /// The event channel has been given to shard 0 and its pump started.
+    started: Mutex<bool>,
+}
+
+impl CmShared {
+    pub(super) fn new(lcores: Vec<Sender<Command<ApplianceCommand>>>) -> Self {
+        CmShared {
+            book: Mutex::new(Book::default()),
+            changed: Condvar::new(),
+            lcores,
+            started: Mutex::new(false),
+        }
+    }
+
+    /// Runs `f` on `lcore` without waiting for it (the pump must never wait on an lcore).
+    fn tell(&self, lcore: usize, f: impl FnOnce(&mut Shard, dataplane::Instant) + Send + 'static) {
+        let (tx, _rx) = bounded::<()>(1);
+        if let Some(l) = self.lcores.get(lcore) {
+            let _ = l.send(Command::Handler(ApplianceCommand::Rdma(RdmaCommand::call(
+                tx,
+                move |h, now| f(h, now),
+            ))));
+        }
+    }
+
+    /// Moves QP `qpn` to ERR on its lcore, as rdma_cm does when a connection goes down.
+    fn fail_qp(&self, qpn: u32) {
+        self.tell(shard_of(qpn) as usize, move |h, _| {
+            let err = QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            };
+            let _ = h.dev.modify(qpn, &err, 0);
+        });
+    }
+
+    /// Rejects connection `conn` on the CM's lcore (a REQ nobody will take, a REP we cannot
+    /// use).
+    fn reject(&self, conn: u32, reason: RejReason) {
+        self.tell(0, move |h, _| {
+            if let Some(g) = h.gsi.as_mut() {
+                let _ = g.cm.reject(ConnId(conn), reason, &[]);
+                g.rearm();
+            }
+        });
+    }
+
+    /// One event from the CM into the book.
+    fn apply(&self, e: Event) {
+        let now = Instant::now();
+        let mut b = self.book.lock().expect("cm book");
+        match e {
+            Event::Request { conn, peer, req } => {
+                let port = match split_service_id(req.service_id) {
+                    Some((PortSpace::Tcp, p)) => p,
+                    _ => {
+                        drop(b);
+                        self.reject(conn.0, RejReason::InvalidServiceId);
+                        return;
+                    }
+                };
+                let room = match b.listeners.get_mut(&port) {
+                    Some((max, q)) if q.len() < *max => {
+                        q.push_back(conn.0);
+                        true
+                    }
+                    _ => false,
+                };
+                if !room {
+                    drop(b);
+                    self.reject(conn.0, RejReason::NoResources);
+                    return;
+                }
+                b.conns.insert(
+                    conn.0,
+                    Conn {
+                        role: CmRole::Passive,
+                        port,
+                        peer,
+                        peer_port: CmaHeader::parse(&req.private_data).ok().map(|h| h.src_port),
+                        qpn: None,
+                        remote_qpn: Some(req.local_qpn),
+                        phase: Phase::Requested(req),
+                        since: now,
+                    },
+                );
+                b.prune();
+            }
+            Event::Reply { conn, rep } => {
+                if let Some(c) = b.conns.get_mut(&conn.0) {
+                    c.remote_qpn = Some(rep.local_qpn);
+                }
+                if b.set(conn.0, Phase::Replied(rep)).is_none() {
+                    // Nobody asked for it (the connect gave up): refuse it.
+                    drop(b);
+                    self.reject(conn.0, RejReason::ConsumerReject);
+                    return;
+                }
+            }
+            Event::Established { conn } => {
+                b.set(conn.0, Phase::Established);
+            }
+            Event::Rejected { conn, reason } => {
+                b.unqueue(conn.0);
+                b.set(conn.0, Phase::Rejected(reason));
+            }
+            Event::Unreachable { conn } => {
+                b.unqueue(conn.0);
+                b.set(conn.0, Phase::Unreachable);
+            }
+            Event::Disconnected { conn } => {
+                let qpn = b.set(conn.0, Phase::Disconnected).and_then(|c| c.qpn);
+                if let Some(q) = qpn {
+                    self.fail_qp(q);
+                }
+            }
+            Event::TimewaitExit { conn } | Event::Evicted { conn } => {
+                b.unqueue(conn.0);
+                b.set(conn.0, Phase::Gone);
+            }
+            // SIDR (UD services) has no consumer here yet: the CM answers it itself.
+            Event::SidrRequest { .. }
+            | Event::SidrResolved { .. }
+            | Event::SidrUnreachable { .. } => {}
+        }
+        drop(b);
+        self.changed.notify_all();
+    }
+
+    /// Waits until connection `id` leaves the phases `waiting` names, or `deadline`.
+    fn wait(&self, id: u32, deadline: Instant, waiting: impl Fn(&Phase) -> bool) -> Option<Phase> {
+        let mut b = self.book.lock().expect("cm book");
+        loop {
+            match b.conns.get(&id) {
+                Some(c) if !waiting(&c.phase) => return Some(c.phase),
+                None => return Some(Phase::Gone),
+                _ => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            b = self.changed.wait_timeout(b, left).expect("cm book").0;
+        }
+    }
+}
+
+/// Moves events from the CM's lcore into the book until the lcore goes.
+fn pump(shared: Arc<CmShared>, rx: Receiver<Event>) {
+    while let Ok(e) = rx.recv() {
+        shared.apply(e);
+    }
+}
+
+fn cm_error(e: CmError) -> RdmaError {
+    match e {
+        CmError::NoConn => RdmaError::not_found("no such CM connection"),
+        CmError::WrongState(s) => {
+            RdmaError::conflict("bad_state", format!("the connection is {s}"))
+        }
+        CmError::NoSlot | CmError::TooManyListens => RdmaError::conflict("too_many", e.to_string()),
+        CmError::Listening => RdmaError::conflict("listening", e.to_string()),
+        CmError::PrivateDataTooLong(_) => RdmaError::bad("bad_private_data", e.to_string()),
+    }
+}
+
+fn timed_out(message: String) -> RdmaError {
+    RdmaError {
+        kind: Refusal::TimedOut,
+        code: "timed_out",
+        message,
+    }
+}
+
+/// A connection's end as the caller hears it.
+fn ended(phase: Phase, what: &str) -> RdmaError {
+    match phase {
+        Phase::Rejected(r) => RdmaError::conflict(
+            "cm_rejected",
+            format!("{what}: rejected ({}, reason {})", r.name(), r.code()),
+        ),
+        Phase::Unreachable => RdmaError {
+            kind: Refusal::TimedOut,
+            code: "cm_unreachable",
+            message: format!("{what}: no answer from the peer after every CM retry"),
+        },
+        p => RdmaError::conflict(
+            "cm_closed",
+            format!("{what}: the connection is {}", p.name()),
+        ),
+    }
+}
+
+/// The remote rights an RC QP of a CM connection takes: remote write, and read and atomic
+/// when it answers READs (ib_cm's `cm_init_qp_init_attr`).
+fn access_for(max_dest_rd_atomic: u8) -> Access {
+    if max_dest_rd_atomic > 0 {
+        Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+    } else {
+        Access::REMOTE_WRITE
+    }
+}
+
+impl Rdma {
+    /// Gives shard 0's CM its event channel and starts the pump (once).
+    fn cm_start(&self) -> Result<(), RdmaError> {
+        let mut started = self.cm.started.lock().expect("cm start");
+        if *started {
+            return Ok(());
+        }
+        let (tx, rx) = bounded(EVENT_QUEUE);
+        let has_gsi = self.ask(0, move |h, _| {
+            h.cm_events = Some(tx);
+            h.gsi.is_some()
+        })?;
+        if !has_gsi {
+            return Err(RdmaError::internal("no_cm", "lcore 0 has no QP1"));
+        }
+        let shared = self.cm.clone();
+        std::thread::Builder::new()
+            .name("cm".into())
+            .spawn(move || pump(shared, rx))
+            .map_err(|e| RdmaError::internal("no_thread", e.to_string()))?;
+        *started = true;
+        Ok(())
+    }
+
+    /// Listens on `port` (rdma_cm's TCP port space) with room for `backlog` REQs unaccepted.
+    pub fn cm_listen(&self, port: u16, backlog: usize) -> Result<CmListenerInfo, RdmaError> {
+        if backlog == 0 || backlog > MAX_BACKLOG {
+            return Err(RdmaError::bad(
+                "bad_backlog",
+                format!("backlog must be 1 to {MAX_BACKLOG}"),
+            ));
+        }
+        self.cm_start()?;
+        let mut b = self.cm.book.lock().expect("cm book");
+        if b.listeners.contains_key(&port) {
+            return Err(RdmaError::conflict(
+                "listening",
+                format!("port {port} is listened on already"),
+            ));
+        }
+        let sid = service_id_of(port);
+        self.ask(0, move |h, _| match h.gsi.as_mut() {
+            Some(g) => g.cm.listen(sid),
+            None => Err(CmError::NoConn),
+        })?
+        .map_err(cm_error)?;
+        b.listeners.insert(port, (backlog, VecDeque::new()));
+        Ok(CmListenerInfo {
+            port,
+            service_id: format!("{sid:#018x}"),
+            backlog,
+            waiting: 0,
+        })
+    }
+
+    /// Stops listening on `port`; REQs still waiting are rejected.
+    pub fn cm_unlisten(&self, port: u16) -> Result<(), RdmaError> {
+        let mut b = self.cm.book.lock().expect("cm book");
+        let Some((_, waiting)) = b.listeners.remove(&port) else {
+            return Err(RdmaError::not_found(format!(
+                "nothing listens on port {port}"
+            )));
+        };
+        let sid = service_id_of(port);
+        self.ask(0, move |h, _| {
+            if let Some(g) = h.gsi.as_mut() {
+                g.cm.unlisten(sid);
+            }
+        })?;
+        for id in waiting {
+            b.set(id, Phase::Rejected(RejReason::ConsumerReject));
+            self.cm.reject(id, RejReason::ConsumerReject);
+        }
+        drop(b);
+        self.cm.changed.notify_all();
+        Ok(())
+    }
+
+    /// The listeners.
+    pub fn cm_listeners(&self) -> Vec<CmListenerInfo> {
+        let b = self.cm.book.lock().expect("cm book");
+        b.listeners
+            .iter()
+            .map(|(&port, (max, q))| CmListenerInfo {
+                port,
+                service_id: format!("{:#018x}", service_id_of(port)),
+                backlog: *max,
+                waiting: q.len(),
+            })
+            .collect()
+    }
+
+    /// The connections the book holds, oldest communication ID first.
+    pub fn cm_connections(&self) -> Vec<CmConnInfo> {
+        let now = Instant::now();
+        let b = self.cm.book.lock().expect("cm book");
+        b.conns.iter().map(|(&id, c)| b.info(id, c, now)).collect()
+    }
+
+    /// Connection `id`.
+    pub fn cm_connection(&self, id: u32) -> Result<CmConnInfo, RdmaError> {
+        let b = self.cm.book.lock().expect("cm book");
+        let c = b
+            .conns
+            .get(&id)
+            .ok_or_else(|| RdmaError::not_found(format!("no CM connection {id}")))?;
+        Ok(b.info(id, c, Instant::now()))
+    }
+
+    /// An RC QP in RESET that a CM connection may take, and the PSN it starts with.
+    fn cm_qp(&self, qpn: u32) -> Result<(usize, u32), RdmaError> {
+        let (_, q) = self.query_qp(qpn)?;
+        if q.cfg.qp_type != QpType::Rc {
+            return Err(RdmaError::bad(
+                "bad_qp",
+                format!("QP {qpn} is UD: a CM connection takes an RC QP"),
+            ));
+        }
+        if q.cfg.state != QpState::Reset {
+            return Err(RdmaError::conflict(
+                "bad_state",
+                format!(
+                    "QP {qpn} is in {:?}: a CM connection takes a QP in RESET",
+                    q.cfg.state
+                ),
+            ));
+        }
+        let b = self.cm.book.lock().expect("cm book");
+        if b.conns
+            .values()
+            .any(|c| c.qpn == Some(qpn) && !c.phase.finished())
+        {
+            return Err(RdmaError::conflict(
+                "bad_state",
+                format!("QP {qpn} belongs to a CM connection already"),
+            ));
+        }
+        Ok((q.port, self.local_psn(qpn, None)?))
+    }
+
+    /// The largest path MTU whose packets fit `port` towards an IPv4 (or IPv6) peer.
+    fn fit_mtu(&self, port: usize, ipv4: bool) -> Mtu {
+        let port_mtu = self.port_mtu(port) as u32;
+        let ip = if ipv4 { 20 } else { 40 };
+        [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512]
+            .into_iter()
+            .find(|m| ip + 8 + 12 + 20 + m.bytes() + 4 <= port_mtu)
+            .unwrap_or(Mtu::M256)
+    }
+
+    /// Connects RC QP `qpn` (in RESET) to whoever listens on `port` at `peer`, as
+    /// `rdma_resolve_addr`, `rdma_resolve_route` and `rdma_connect` do: the address resolved
+    /// through the node's routes and neighbour table, a REQ with rdma_cm's header, the QP
+    /// moved to RTS with what the REP carries, the RTU sent. Waits up to `wait`.
+    pub fn cm_connect(
+        &self,
+        qpn: u32,
+        peer: IpAddr,
+        port: u16,
+        wait: Duration,
+    ) -> Result<CmConnInfo, RdmaError> {
+        let deadline = Instant::now() + wait.min(MAX_WAIT);
+        self.cm_start()?;
+        let peer = peer.to_canonical();
+        let (qp_port, psn) = self.cm_qp(qpn)?;
+        let (dport, local, mac, vlan) = self.resolve(peer)?;
+        let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
+        if gsi_port != Some(dport) || qp_port != dport {
+            return Err(RdmaError::bad(
+                "bad_port",
+                format!(
+                    "{peer} is reached by port {dport}; the CM runs on port {} and QP {qpn} is \
+                     on port {qp_port}",
+                    gsi_port.map_or("none".into(), |p| p.to_string())
+                ),
+            ));
+        }
+        let mtu = self.fit_mtu(dport, peer.is_ipv4());
+        let mut private = [0u8; dataplane::wire::cm::private_len::REQ];
+        let src_port = 32768 + (os_random() % 28232) as u16;
+        CmaHeader {
+            src_port,
+            src: local,
+            dst: peer,
+        }
+        .emit(&mut private)
+        .map_err(|e| RdmaError::internal("cm", e.to_string()))?;
+        let path = dataplane::wire::cm::Path {
+            local_gid: gid_of(local),
+            remote_gid: gid_of(peer),
+            hop_limit: 64,
+            local_ack_timeout: ACK_TIMEOUT,
+            ..Default::default()
+        };
+        let rd = dataplane::transport::qp::DEFAULT_RD_ATOMIC;
+        let cp = ConnectParams {
+            path_mtu: dataplane::wire::cm::path_mtu_code(mtu.bytes()).unwrap_or(3),
+            responder_resources: rd,
+            initiator_depth: rd,
+            private_data: private,
+            ..ConnectParams::new(service_id_of(port), peer, path, qpn, psn)
+        };
+        let pp = PeerPath {
+            peer,
+            local,
+            peer_mac: mac.0,
+            local_mac: self.macs[dport].0,
+            vlan: vlan.map(|(vid, pcp)| dataplane::wire::eth::VlanTag {
+                pcp,
+                dei: false,
+                vid,
+            }),
+        };
+        // The book holds the connection before the CM can answer for it.
+        let mut b = self.cm.book.lock().expect("cm book");
+        let conn = self
+            .ask(0, move |h, now| match h.gsi.as_mut() {
+                Some(g) => {
+                    g.learn(pp);
+                    let r = g.cm.connect(now, &cp);
+                    g.rearm();
+                    r
+                }
+                None => Err(CmError::NoConn),
+            })?
+            .map_err(cm_error)?;
+        b.conns.insert(
+            conn.0,
+            Conn {
+                role: CmRole::Active,
+                port,
+                peer,
+                peer_port: Some(port),
+                qpn: Some(qpn),
+                remote_qpn: None,
+                phase: Phase::Connecting,
+                since: Instant::now(),
+            },
+        );
+        b.prune();
+        drop(b);
+        let what = format!("connect to {peer}:{port}");
+        let rep = match self
+            .cm
+            .wait(conn.0, deadline, |p| matches!(p, Phase::Connecting))
+        {
+            Some(Phase::Replied(rep)) => rep,
+            Some(p) => return Err(ended(p, &what)),
+            None => {
+                self.cm_give_up(conn.0);
+                return Err(timed_out(format!("{what}: no REP in {wait:?}")));
+            }
+        };
+        let max_dest = cp.responder_resources;
+        let a = QpAttr {
+            state: Some(QpState::Rts),
+            access: Some(access_for(max_dest)),
+            pkey_index: Some(0),
+            path_mtu: Some(mtu),
+            dest_qp: Some(rep.local_qpn),
+            rq_psn: Some(rep.starting_psn),
+            sq_psn: Some(psn),
+            timeout: Some(ACK_TIMEOUT),
+            retry_cnt: Some(cp.retry_count),
+            rnr_retry: Some(rep.rnr_retry_count),
+            min_rnr_timer: Some(MIN_RNR_TIMER),
+            max_rd_atomic: Some(cp.initiator_depth.min(rep.responder_resources)),
+            max_dest_rd_atomic: Some(max_dest),
+            path: Some(Path::toward(peer, 0)),
+            qkey: None,
+        };
+        if let Err(e) = self.connect_qp(qpn, &a) {
+            self.cm.reject(conn.0, RejReason::ConsumerReject);
+            self.cm_forget(conn.0, Phase::Rejected(RejReason::ConsumerReject));
+            return Err(e);
+        }
+        self.ask(0, move |h, _| match h.gsi.as_mut() {
+            Some(g) => g.cm.establish(conn),
+            None => Err(CmError::NoConn),
+        })?
+        .map_err(cm_error)?;
+        match self
+            .cm
+            .wait(conn.0, deadline, |p| matches!(p, Phase::Replied(_)))
+        {
+            Some(Phase::Established) => self.cm_connection(conn.0),
+            Some(p) => Err(ended(p, &what)),
+            None => Err(timed_out(format!("{what}: not established in {wait:?}"))),
+        }
+    }
+
+    /// Takes the oldest REQ waiting on `port` (waiting up to `wait` for one), moves RC QP
+    /// `qpn` (in RESET) to RTS with what it carries, answers with a REP and waits for the
+    /// RTU, as `rdma_get_cm_event` (CONNECT_REQUEST), `rdma_accept` and the ESTABLISHED event
+    /// do.
+    pub fn cm_accept(&self, port: u16, qpn: u32, wait: Duration) -> Result<CmConnInfo, RdmaError> {
+        let deadline = Instant::now() + wait.min(MAX_WAIT);
+        let (qp_port, psn) = self.cm_qp(qpn)?;
+        let (conn, req, peer) = {
+            let mut b = self.cm.book.lock().expect("cm book");
+            loop {
+                let Some((_, q)) = b.listeners.get_mut(&port) else {
+                    return Err(RdmaError::not_found(format!(
+                        "nothing listens on port {port}: POST /v1/cm/listeners first"
+                    )));
+                };
+                if let Some(id) = q.pop_front() {
+                    let c = b.conns.get_mut(&id).expect("a waiting REQ is in the book");
+                    if let Phase::Requested(req) = c.phase {
+                        c.phase = Phase::Accepting;
+                        c.qpn = Some(qpn);
+                        c.since = Instant::now();
+                        break (id, req, c.peer);
+                    }
+                    continue;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(timed_out(format!(
+                        "no connection request on port {port} in {wait:?}"
+                    )));
+                }
+                b = self.cm.changed.wait_timeout(b, left).expect("cm book").0;
+            }
+        };
+        let what = format!("accept on port {port} from {peer}");
+        let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
+        if gsi_port != Some(qp_port) {
+            self.cm.reject(conn, RejReason::ConsumerReject);
+            self.cm_forget(conn, Phase::Rejected(RejReason::ConsumerReject));
+            return Err(RdmaError::bad(
+                "bad_port",
+                format!("QP {qpn} is on port {qp_port}, and the CM's REQ came in on another"),
+            ));
+        }
+        let rd = dataplane::transport::qp::DEFAULT_RD_ATOMIC;
+        let fit = self.fit_mtu(qp_port, peer.is_ipv4());
+        let mtu = dataplane::wire::cm::path_mtu_bytes(req.path_mtu)
+            .and_then(Mtu::from_bytes)
+            .map_or(fit, |m| if m.bytes() < fit.bytes() { m } else { fit });
+        let ap = AcceptParams {
+            responder_resources: rd.min(req.initiator_depth),
+            initiator_depth: rd.min(req.responder_resources),
+            ..AcceptParams::new(qpn, psn)
+        };
+        let a = QpAttr {
+            state: Some(QpState::Rts),
+            access: Some(access_for(ap.responder_resources)),
+            pkey_index: Some(0),
+            path_mtu: Some(mtu),
+            dest_qp: Some(req.local_qpn),
+            rq_psn: Some(req.starting_psn),
+            sq_psn: Some(psn),
+            timeout: Some(match req.primary.local_ack_timeout {
+                0 => ACK_TIMEOUT,
+                t => t,
+            }),
+            retry_cnt: Some(req.retry_count),
+            rnr_retry: Some(req.rnr_retry_count),
+            min_rnr_timer: Some(MIN_RNR_TIMER),
+            max_rd_atomic: Some(ap.initiator_depth),
+            max_dest_rd_atomic: Some(ap.responder_resources),
+            path: Some(Path::toward(peer, req.primary.traffic_class >> 2)),
+            qkey: None,
+        };
+        if let Err(e) = self.connect_qp(qpn, &a) {
+            self.cm.reject(conn, RejReason::ConsumerReject);
+            self.cm_forget(conn, Phase::Rejected(RejReason::ConsumerReject));
+            return Err(e);
+        }
+        let accepted = self
+            .ask(0, move |h, now| match h.gsi.as_mut() {
+                Some(g) => {
+                    let r = g.cm.accept(now, ConnId(conn), &ap);
+                    g.rearm();
+                    r
+                }
+                None => Err(CmError::NoConn),
+            })?
+            .map_err(cm_error);
+        if let Err(e) = accepted {
+            self.cm.fail_qp(qpn);
+            self.cm_forget(conn, Phase::Gone);
+            return Err(e);
+        }
+        {
+            let mut b = self.cm.book.lock().expect("cm book");
+            if let Some(c) = b.conns.get_mut(&conn)
+                && matches!(c.phase, Phase::Accepting)
+            {
+                c.phase = Phase::RepSent;
+            }
+        }
+        match self.cm.wait(conn, deadline, |p| {
+            matches!(p, Phase::Accepting | Phase::RepSent)
+        }) {
+            Some(Phase::Established) => self.cm_connection(conn),
+            Some(p) => {
+                self.cm.fail_qp(qpn);
+                Err(ended(p, &what))
+            }
+            None => Err(timed_out(format!("{what}: no RTU in {wait:?}"))),
+        }
+    }
+
+    /// Disconnects connection `id` (a DREQ), moving its QP to ERR as `rdma_disconnect` does.
+    pub fn cm_disconnect(&self, id: u32) -> Result<CmConnInfo, RdmaError> {
+        let qpn = self.cm_connection(id)?.qpn;
+        self.ask(0, move |h, now| match h.gsi.as_mut() {
+            Some(g) => {
+                let r = g.cm.disconnect(now, ConnId(id));
+                g.rearm();
+                r
+            }
+            None => Err(CmError::NoConn),
+        })?
+        .map_err(cm_error)?;
+        if let Some(q) = qpn {
+            self.cm.fail_qp(q);
+        }
+        self.cm_connection(id)
+    }
+
+    /// A connect that stopped waiting: its REQ is withdrawn (a REJ when the CM can send one)
+    /// and the book forgets it.
+    fn cm_give_up(&self, id: u32) {
+        self.cm.reject(id, RejReason::Timeout);
+        self.cm_forget(id, Phase::Rejected(RejReason::Timeout));
+    }
+
+    fn cm_forget(&self, id: u32, phase: Phase) {
+        let mut b = self.cm.book.lock().expect("cm book");
+        b.set(id, phase);
+        drop(b);
+        self.cm.changed.notify_all();
+    }
+}

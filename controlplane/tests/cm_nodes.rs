@@ -1,0 +1,247 @@
+//! RDMA CM between two roced processes joined by net_memif, driven only through the REST API:
+//! B listens and accepts while A connects (REQ, REP, RTU on QP1), both QPs reach RTS with the
+//! peer's QPN and PSN and carry a WRITE; a disconnect moves both QPs to ERR; a connect nobody
+//! listens for is rejected, an accept nobody asks for times out, and a REQ past a listener's
+//! backlog is refused.
+//!
+//! The nodes' four lcores share this machine's two CPUs, so the tests run one at a time.
+
+mod common;
+use common::rdma::*;
+use common::*;
+use serde_json::{Value, json};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Polls `path` on `api` until `done` holds of it, for up to `secs`; returns the last answer.
+fn until(api: &Api, path: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = api.ok(api.get(path));
+        if done(&v) || Instant::now() > end {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// B accepts on `port` with QP `qb` while A connects QP `qa` to `peer:port`; both answers.
+fn connect_accept(n: &Cluster, qa: u32, qb: u32, peer: &str, port: u16) -> (Value, Value) {
+    std::thread::scope(|s| {
+        let b = s.spawn(|| {
+            n.api[1].post(
+                "/v1/cm/accept",
+                json!({"port": port, "qpn": qb, "timeout_ms": 20000}),
+            )
+        });
+        let a = n.api[0].post(
+            "/v1/cm/connect",
+            json!({"qpn": qa, "peer": peer, "port": port, "timeout_ms": 20000}),
+        );
+        (
+            n.api[0].ok(a),
+            n.api[1].ok(b.join().expect("accept thread")),
+        )
+    })
+}
+
+/// A WRITE from A's `qa` lands in a region of B's.
+fn write_lands(n: &Cluster, qa: u32, seed: u32) {
+    let (ka, aa) = reg(&n.api[0], 4096);
+    let (kb, ab) = reg(&n.api[1], 4096);
+    let data = pattern(3000, seed);
+    put(&n.api[0], ka, aa, &data);
+    post(
+        &n.api[0],
+        qa,
+        json!({"opcode": "write", "sge": sge(aa, data.len(), ka), "remote_addr": ab, "rkey": kb}),
+    );
+    assert_eq!(completion(&n.api[0], qa, false)["status"], "success");
+    same(
+        n,
+        &get(&n.api[1], kb, ab, data.len()),
+        &data,
+        "WRITE over a CM connection",
+    );
+}
+
+#[test]
+fn connect_accept_write_and_disconnect_over_ipv4_and_ipv6() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cm", 7670);
+    let l = n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7471})));
+    assert_eq!(l["service_id"], "0x0000000001061d2f", "{l}");
+    assert_eq!(l["backlog"], 128, "{l}");
+    // A second listen on the port is refused; the listing shows the one.
+    let (s, e) = n.api[1].post("/v1/cm/listeners", json!({"port": 7471}));
+    assert_eq!((s, e["code"].as_str()), (409, Some("listening")), "{e}");
+    let ls = n.api[1].ok(n.api[1].get("/v1/cm/listeners"));
+    assert_eq!(ls.as_array().map(Vec::len), Some(1), "{ls}");
+
+    for (peer, seed) in [("10.89.0.2", 1), ("fd89::2", 2)] {
+        let qa = create_qp(&n.api[0], Some(seed as usize % 2));
+        let qb = create_qp(&n.api[1], Some(1 - seed as usize % 2));
+        let (psn_a, psn_b) = (psn_of(&n.api[0], qa), psn_of(&n.api[1], qb));
+        let (ca, cb) = connect_accept(&n, qa, qb, peer, 7471);
+        for (c, role, q, rq) in [(&ca, "active", qa, qb), (&cb, "passive", qb, qa)] {
+            assert_eq!(c["state"], "established", "{c}");
+            assert_eq!(c["role"], role, "{c}");
+            assert_eq!(c["qpn"], q, "{c}");
+            assert_eq!(c["remote_qpn"], rq, "{c}");
+        }
+        assert_eq!(cb["port"], 7471);
+        assert!(
+            cb["peer_port"].as_u64().is_some(),
+            "the REQ's rdma_cm header: {cb}"
+        );
+        // The QPs took each other's QPN and first PSN from the REQ and REP.
+        let a = n.api[0].ok(n.api[0].get(&format!("/v1/qps/{qa}")));
+        let b = n.api[1].ok(n.api[1].get(&format!("/v1/qps/{qb}")));
+        for (q, rq, rpsn) in [(&a, qb, psn_b), (&b, qa, psn_a)] {
+            assert_eq!(q["state"], "RTS", "{q}");
+            assert_eq!(q["rqpn"], rq, "{q}");
+            assert_eq!(q["rq-psn"], rpsn, "{q}");
+        }
+        write_lands(&n, qa, seed);
+
+        // A disconnects: its QP goes to ERR, and B hears the DREQ and moves its QP to ERR.
+        let id_a = ca["id"].as_u64().unwrap();
+        let id_b = cb["id"].as_u64().unwrap();
+        let (s, d) = n.api[0].delete(&format!("/v1/cm/connections/{id_a}"));
+        assert_eq!(s, 200, "{d}");
+        let cb = until(&n.api[1], &format!("/v1/cm/connections/{id_b}"), 10, |c| {
+            c["state"] != "established"
+        });
+        assert_eq!(cb["state"], "disconnected", "{cb}");
+        for (api, q) in [(&n.api[0], qa), (&n.api[1], qb)] {
+            let v = until(api, &format!("/v1/qps/{q}"), 5, |v| v["state"] == "ERR");
+            assert_eq!(v["state"], "ERR", "{v}");
+        }
+        let ca = until(&n.api[0], &format!("/v1/cm/connections/{id_a}"), 10, |c| {
+            c["state"] != "established"
+        });
+        assert_eq!(ca["state"], "disconnected", "{ca}");
+    }
+    let cs = n.api[1].ok(n.api[1].get("/v1/cm/connections"));
+    assert_eq!(cs.as_array().map(Vec::len), Some(2), "{cs}");
+
+    // Each node's CM counted both connections, and its book missed no event.
+    for api in &n.api {
+        let (s, m) = api.get_bytes("/metrics");
+        assert_eq!(s, 200);
+        let m = String::from_utf8(m).unwrap();
+        let value = |series: &str| {
+            m.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        assert_eq!(
+            value(r#"ferroce_cm_established_total{lcore="0"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(r#"ferroce_gsi_events_lost_total{lcore="0"}"#),
+            Some(0.0)
+        );
+    }
+    n.stop();
+}
+
+#[test]
+fn refused_timed_out_and_past_the_backlog() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmbad", 7672);
+    // Nobody listens on B's port 9999: B's CM answers the REQ with REJ (invalid service ID).
+    let qa = create_qp(&n.api[0], None);
+    let (s, e) = n.api[0].post(
+        "/v1/cm/connect",
+        json!({"qpn": qa, "peer": "10.89.0.2", "port": 9999, "timeout_ms": 10000}),
+    );
+    assert_eq!((s, e["code"].as_str()), (409, Some("cm_rejected")), "{e}");
+    // The QP is left in RESET, for another try.
+    let v = n.api[0].ok(n.api[0].get(&format!("/v1/qps/{qa}")));
+    assert_eq!(v["state"], "RESET", "{v}");
+
+    // An accept with no REQ waits out its timeout.
+    n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7472, "backlog": 1})));
+    let qb = create_qp(&n.api[1], None);
+    let t = Instant::now();
+    let (s, e) = n.api[1].post(
+        "/v1/cm/accept",
+        json!({"port": 7472, "qpn": qb, "timeout_ms": 300}),
+    );
+    assert_eq!((s, e["code"].as_str()), (504, Some("timed_out")), "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    // An accept on a port nobody listens on, and bad bodies.
+    let (s, e) = n.api[1].post("/v1/cm/accept", json!({"port": 7473, "qpn": qb}));
+    assert_eq!(s, 404, "{e}");
+    for bad in [
+        json!({"port": 7472, "backlog": 0}),
+        json!({"port": 7472, "backlog": 100000}),
+        json!({"port": 70000}),
+        json!({"port": 7474, "extra": 1}),
+    ] {
+        let (s, e) = n.api[1].post("/v1/cm/listeners", bad.clone());
+        assert_eq!(s, 400, "{bad}: {e}");
+    }
+    let (s, e) = n.api[0].post(
+        "/v1/cm/connect",
+        json!({"qpn": qa, "peer": "10.89.0.2", "port": 7472, "timeout_ms": 40000}),
+    );
+    assert_eq!(s, 400, "{e}");
+    let (s, e) = n.api[0].post(
+        "/v1/cm/connect",
+        json!({"qpn": qa, "peer": "not-an-address", "port": 7472}),
+    );
+    assert_eq!(s, 400, "{e}");
+
+    // Backlog 1: the first REQ waits for an accept, the second is refused at once
+    // (no resources), and the first's connect gives up when nobody accepts it.
+    let qa2 = create_qp(&n.api[0], None);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| {
+            n.api[0].post(
+                "/v1/cm/connect",
+                json!({"qpn": qa, "peer": "10.89.0.2", "port": 7472, "timeout_ms": 3000}),
+            )
+        });
+        let l = until(&n.api[1], "/v1/cm/listeners", 5, |l| l[0]["waiting"] == 1);
+        assert_eq!(l[0]["waiting"], 1, "{l}");
+        let (s2, e2) = n.api[0].post(
+            "/v1/cm/connect",
+            json!({"qpn": qa2, "peer": "10.89.0.2", "port": 7472, "timeout_ms": 5000}),
+        );
+        assert_eq!(
+            (s2, e2["code"].as_str()),
+            (409, Some("cm_rejected")),
+            "{e2}"
+        );
+        assert!(
+            e2["message"].as_str().unwrap().contains("no_resources")
+                || e2["message"].as_str().unwrap().contains("resources"),
+            "{e2}"
+        );
+        let (s1, e1) = first.join().expect("first connect");
+        assert_eq!((s1, e1["code"].as_str()), (504, Some("timed_out")), "{e1}");
+    });
+    // The withdrawn REQ left B's backlog; B's book says why.
+    let l = until(&n.api[1], "/v1/cm/listeners", 5, |l| l[0]["waiting"] == 0);
+    assert_eq!(l[0]["waiting"], 0, "{l}");
+    let cs = n.api[1].ok(n.api[1].get("/v1/cm/connections"));
+    assert!(
+        cs.as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "rejected"),
+        "{cs}"
+    );
+    // Unlisten, and the port is free again.
+    let (s, _) = n.api[1].delete("/v1/cm/listeners/7472");
+    assert_eq!(s, 204);
+    let (s, _) = n.api[1].delete("/v1/cm/listeners/7472");
+    assert_eq!(s, 404);
+    n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7472})));
+    n.stop();
+}
