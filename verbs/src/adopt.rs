@@ -376,7 +376,10 @@ mod tests {
     #[test]
     fn heap_memory_keeps_its_bytes_and_is_shared_with_another_mapping() {
         let len = 3 * 4096 + 100;
-        let p = alloc(len + 4096);
+        // A page more than the buffer: every page the adopts below replace is this test's
+        // alone. A page shared with another test thread's heap chunk could take that thread's
+        // write between adopt's copy and its remap, and lose it.
+        let p = alloc(len + 2 * 4096);
         // SAFETY: `p` has len + 4096 bytes.
         let buf = unsafe { core::slice::from_raw_parts_mut(p, len + 4096) };
         for (i, b) in buf.iter_mut().enumerate() {
@@ -509,10 +512,12 @@ mod tests {
         .unwrap() as usize;
         // SAFETY: as above.
         assert!(unsafe { adopt(p, 8192) }.is_ok());
-        // The program unmaps it and maps something else there: adopted again, not reused.
-        // SAFETY: our mapping; then a fresh one at the same place.
+        // The program maps something else there: adopted again, not reused. MAP_FIXED
+        // replaces the old mapping in one step: a munmap first would leave a hole that another
+        // test thread's mmap (a thread stack, a malloc arena) can take, which MAP_FIXED would
+        // then clobber under it (a SIGSEGV in CI once).
+        // SAFETY: our mapping, replaced by a fresh one at the same place.
         unsafe {
-            rustix::mm::munmap(p as *mut _, 8192).unwrap();
             rustix::mm::mmap_anonymous(
                 p as *mut _,
                 8192,
