@@ -15,6 +15,27 @@ use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let argv = ["rocectl", "--api", api]
+        .into_iter()
+        .chain(args.iter().copied());
+    let code = cli::ctl::run(argv, &mut o, &mut e);
+    (
+        code,
+        String::from_utf8(o).unwrap(),
+        String::from_utf8(e).unwrap(),
+    )
+}
+
+fn rocectl_json(api: &str, args: &[&str]) -> Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = rocectl(api, &a);
+    assert_eq!(code, 0, "rocectl {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
+}
+
 /// Polls `path` on `api` until `done` holds of it, for up to `secs`; returns the last answer.
 fn until(api: &Api, path: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
     let end = Instant::now() + Duration::from_secs(secs);
@@ -127,7 +148,61 @@ fn connect_accept_write_and_disconnect_over_ipv4_and_ipv6() {
     let cs = n.api[1].ok(n.api[1].get("/v1/cm/connections"));
     assert_eq!(cs.as_array().map(Vec::len), Some(2), "{cs}");
 
-    // Each node's CM counted both connections, and its book missed no event.
+    // The same through rocectl, with QPs it creates.
+    let (api_a, api_b) = ("127.0.0.1:7670", "127.0.0.1:7671");
+    let (code, out, err) = rocectl(api_b, &["cm", "listen", "7475", "--backlog", "4"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0x0000000001061d33"), "{out}");
+    let (cb, ca) = std::thread::scope(|s| {
+        let b = s.spawn(|| rocectl_json(api_b, &["cm", "accept", "7475", "--timeout-ms", "20000"]));
+        let a = rocectl_json(
+            api_a,
+            &["cm", "connect", "10.89.0.2:7475", "--timeout-ms", "20000"],
+        );
+        (b.join().expect("rocectl cm accept"), a)
+    });
+    assert_eq!(
+        (&ca["state"], &cb["state"]),
+        (&json!("established"), &json!("established"))
+    );
+    assert_eq!(ca["remote_qpn"], cb["qpn"], "{ca} {cb}");
+    write_lands(&n, ca["qpn"].as_u64().unwrap() as u32, 3);
+    let (code, out, err) = rocectl(api_b, &["cm", "show"]);
+    assert_eq!(code, 0, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(&format!("{} ", cb["id"])))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("passive") && row.contains("established") && row.contains("10.89.0.1:"),
+        "{out}"
+    );
+    let id = cb["id"].to_string();
+    let (code, _, err) = rocectl(api_b, &["cm", "disconnect", &id]);
+    assert_eq!(code, 0, "{err}");
+    let ca = until(
+        &n.api[0],
+        &format!("/v1/cm/connections/{}", ca["id"]),
+        10,
+        |c| c["state"] != "established",
+    );
+    assert_eq!(ca["state"], "disconnected", "{ca}");
+    let (code, _, err) = rocectl(api_b, &["cm", "disconnect", "999999"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("404") || err.contains("no CM connection"),
+        "{err}"
+    );
+    let (code, out, err) = rocectl(api_b, &["cm", "unlisten", "7475"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("7471") && !out.contains("7475"), "{out}");
+    let (code, _, err) = rocectl(
+        api_a,
+        &["cm", "connect", "10.89.0.2", "--timeout-ms", "100"],
+    );
+    assert_eq!(code, 2, "an address without a port: {err}");
+
+    // Each node's CM counted the three connections, and its book missed no event.
     for api in &n.api {
         let (s, m) = api.get_bytes("/metrics");
         assert_eq!(s, 200);
@@ -139,7 +214,7 @@ fn connect_accept_write_and_disconnect_over_ipv4_and_ipv6() {
         };
         assert_eq!(
             value(r#"ferroce_cm_established_total{lcore="0"}"#),
-            Some(2.0)
+            Some(3.0)
         );
         assert_eq!(
             value(r#"ferroce_gsi_events_lost_total{lcore="0"}"#),

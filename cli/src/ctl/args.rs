@@ -78,6 +78,21 @@ pub enum Cmd {
     /// Applications attached to roced's attach socket (programs on libferroce_ibverbs or the
     /// verbs library): pid, command, and what each made, as `rdma resource show` lists them.
     Apps,
+    /// RDMA CM (rdma_cm's TCP port space over QP1): listen on a port, connect an RC QP to
+    /// IP:port, accept a connection request, list connections, disconnect.
+    ///
+    /// Examples:
+    ///   rocectl cm listen 7471                  (then accept, with a new RC QP:)
+    ///   rocectl cm accept 7471
+    ///   rocectl --api 127.0.0.1:7471 cm connect 10.89.0.2:7471
+    ///   rocectl cm connect [fd89::2]:7471 --qp 3
+    ///   rocectl cm show
+    ///   rocectl cm disconnect 17
+    #[command(verbatim_doc_comment)]
+    Cm {
+        #[command(subcommand)]
+        verb: CmVerb,
+    },
     /// Congestion control: the DCQCN state of a QP and the profiles QPs can be created with.
     Cc {
         #[command(subcommand)]
@@ -437,6 +452,59 @@ pub enum CqVerb {
         /// Wait up to this long for the first one.
         #[arg(long, default_value_t = 0)]
         wait_ms: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CmVerb {
+    /// Listen on a port (rdma_listen): requests wait, up to the backlog, for `cm accept`.
+    Listen {
+        /// The port (rdma_cm's TCP port space).
+        port: u16,
+        /// Requests held unaccepted at most (1 to 1024; past it they are rejected).
+        #[arg(long)]
+        backlog: Option<usize>,
+    },
+    /// Stop listening on a port; requests still waiting are rejected.
+    Unlisten {
+        /// The port.
+        port: u16,
+    },
+    /// The ports listened on, with the requests waiting on each.
+    Listeners,
+    /// Connect an RC QP to whoever listens on IP:port (rdma_resolve_addr, rdma_resolve_route,
+    /// rdma_connect); waits until the connection is established.
+    Connect {
+        /// The peer: IPv4:port, or [IPv6]:port.
+        peer: std::net::SocketAddr,
+        /// The RC QP to connect, in RESET (default: a new one).
+        #[arg(long)]
+        qp: Option<u32>,
+        /// Give up after this long (at most 30000).
+        #[arg(long, default_value_t = 10000)]
+        timeout_ms: u64,
+    },
+    /// Accept the oldest request waiting on a listened port (waiting for one) with an RC QP,
+    /// as rdma_get_cm_event and rdma_accept do; waits until it is established.
+    Accept {
+        /// The port listened on.
+        port: u16,
+        /// The RC QP to take it, in RESET (default: a new one).
+        #[arg(long)]
+        qp: Option<u32>,
+        /// Give up after this long (at most 30000).
+        #[arg(long, default_value_t = 10000)]
+        timeout_ms: u64,
+    },
+    /// One connection, or every one the node remembers, with its state.
+    Show {
+        /// Its communication ID.
+        id: Option<u32>,
+    },
+    /// Disconnect (rdma_disconnect): a DREQ to the peer, and the QP to ERR.
+    Disconnect {
+        /// Its communication ID.
+        id: u32,
     },
 }
 

@@ -330,6 +330,63 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
                 v
             }
         },
+        Cmd::Cm { verb } => {
+            let (v, table): (Value, tables::Table) = match verb {
+                CmVerb::Listen { port, backlog } => (
+                    c.call(
+                        "POST",
+                        "/v1/cm/listeners",
+                        Some(object(&[
+                            ("port", json!(port)),
+                            ("backlog", json!(backlog)),
+                        ])),
+                    )?,
+                    tables::cm_listener_table,
+                ),
+                CmVerb::Unlisten { port } => {
+                    c.call("DELETE", &format!("/v1/cm/listeners/{port}"), None)?;
+                    // What is still listened on.
+                    (
+                        c.call("GET", "/v1/cm/listeners", None)?,
+                        tables::cm_listener_table,
+                    )
+                }
+                CmVerb::Listeners => (
+                    c.call("GET", "/v1/cm/listeners", None)?,
+                    tables::cm_listener_table,
+                ),
+                CmVerb::Connect {
+                    peer,
+                    qp,
+                    timeout_ms,
+                } => {
+                    let qpn = rc_qp(&c, *qp)?;
+                    let b = json!({"qpn": qpn, "peer": peer.ip().to_string(),
+                                       "port": peer.port(), "timeout_ms": timeout_ms});
+                    (c.call("POST", "/v1/cm/connect", Some(b))?, tables::cm_table)
+                }
+                CmVerb::Accept {
+                    port,
+                    qp,
+                    timeout_ms,
+                } => {
+                    let qpn = rc_qp(&c, *qp)?;
+                    let b = json!({"port": port, "qpn": qpn, "timeout_ms": timeout_ms});
+                    (c.call("POST", "/v1/cm/accept", Some(b))?, tables::cm_table)
+                }
+                CmVerb::Show { id } => {
+                    (one_or_all(&c, "/v1/cm/connections", *id)?, tables::cm_table)
+                }
+                CmVerb::Disconnect { id } => (
+                    c.call("DELETE", &format!("/v1/cm/connections/{id}"), None)?,
+                    tables::cm_table,
+                ),
+            };
+            if as_table(&v, cli.json, out, table)? {
+                return Ok(0);
+            }
+            v
+        }
         Cmd::Apps => {
             let v = c.call("GET", "/v1/apps", None)?;
             if !cli.json {
@@ -531,6 +588,20 @@ fn decode(
 }
 
 /// `base/id`, or every object at `base` when no id is given.
+/// `qp`, or a new RC QP (in RESET) for a CM connection to take.
+fn rc_qp(c: &Client, qp: Option<u32>) -> Result<u32, Fail> {
+    match qp {
+        Some(q) => Ok(q),
+        None => {
+            let v = c.call("POST", "/v1/qps", Some(json!({})))?;
+            v["qpn"]
+                .as_u64()
+                .map(|q| q as u32)
+                .ok_or_else(|| Fail(2, format!("roced created no QP: {v}")))
+        }
+    }
+}
+
 fn one_or_all(c: &Client, base: &str, id: Option<u32>) -> Result<Value, Fail> {
     match id {
         Some(k) => c.call("GET", &format!("{base}/{k}"), None),

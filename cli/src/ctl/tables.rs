@@ -3,12 +3,15 @@
 
 use super::*;
 
+/// A printer of a list of the API's objects as a table.
+pub(super) type Table = fn(&mut dyn Write, &[Value]) -> std::io::Result<()>;
+
 /// Prints `v` (one object or a list) with `table` unless --json; whether it printed.
 pub(super) fn as_table(
     v: &Value,
     json: bool,
     out: &mut dyn Write,
-    table: fn(&mut dyn Write, &[Value]) -> std::io::Result<()>,
+    table: Table,
 ) -> Result<bool, Fail> {
     if json || v.is_null() {
         return Ok(false);
@@ -203,6 +206,49 @@ pub(super) fn qp_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<(
                 s(&q["lcore"]),
                 s(&q["path-mtu"]),
                 s(&q["cc"]["kind"]),
+            ]
+        }),
+    )
+}
+
+pub(super) fn cm_listener_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
+    table(
+        out,
+        &["port", "service-id", "backlog", "waiting"],
+        list.iter().map(|l| {
+            vec![
+                s(&l["port"]),
+                s(&l["service_id"]),
+                s(&l["backlog"]),
+                s(&l["waiting"]),
+            ]
+        }),
+    )
+}
+
+pub(super) fn cm_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
+    table(
+        out,
+        &[
+            "id", "role", "state", "port", "peer", "lqpn", "rqpn", "reason",
+        ],
+        list.iter().map(|c| {
+            let peer = match (&c["peer"], c["peer_port"].as_u64()) {
+                (Value::String(p), Some(pp)) if c["role"] == "passive" && p.contains(':') => {
+                    format!("[{p}]:{pp}")
+                }
+                (Value::String(p), Some(pp)) if c["role"] == "passive" => format!("{p}:{pp}"),
+                (p, _) => s(p),
+            };
+            vec![
+                s(&c["id"]),
+                s(&c["role"]),
+                s(&c["state"]),
+                s(&c["port"]),
+                peer,
+                s(&c["qpn"]),
+                s(&c["remote_qpn"]),
+                s(&c["reject_reason"]),
             ]
         }),
     )
