@@ -14,6 +14,10 @@ fn error_responses(codes: &[u16]) -> serde_json::Map<String, Value> {
                 "the request is wrong (bad JSON, unknown field, value out of range); nothing changed"
             }
             404 => "no such object",
+            408 => {
+                "what the call waited for (the peer's answer, a connection request) did not come \
+                 in timeout_ms"
+            }
             409 => "the object's state does not allow it now (or the node lacks the memory)",
             503 => "an lcore did not answer",
             504 => {
@@ -289,12 +293,12 @@ pub fn document() -> Value {
             vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpn", "peer", "port"],
                 "properties": {"qpn": u32s, "peer": {"type": "string", "description": "the peer's IPv4 or IPv6 address"},
                                "port": {"type": "integer", "minimum": 0, "maximum": 65535}, "timeout_ms": cm_wait}}))),
-            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 409, 500, 503, 504]))},
+            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
         "accept": {"post": op("Take the oldest REQ waiting on a listened port (waiting for one), move an RC QP in RESET to RTS with what it carries, answer with a REP and wait for the RTU (rdma_get_cm_event, rdma_accept)",
             vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["port", "qpn"],
                 "properties": {"port": {"type": "integer", "minimum": 0, "maximum": 65535}, "qpn": u32s,
                                "timeout_ms": cm_wait}}))),
-            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 409, 500, 503, 504]))},
+            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
         "connections": {"get": op("The CM connections the node remembers, with their state", vec![], None,
             json_ok(200, "connections", json!({"type": "array", "items": r("CmConnection")}), &[]))},
         "connection": {

@@ -247,7 +247,7 @@ fn refused_timed_out_and_past_the_backlog() {
         "/v1/cm/accept",
         json!({"port": 7472, "qpn": qb, "timeout_ms": 300}),
     );
-    assert_eq!((s, e["code"].as_str()), (504, Some("timed_out")), "{e}");
+    assert_eq!((s, e["code"].as_str()), (408, Some("timed_out")), "{e}");
     assert!(t.elapsed() >= Duration::from_millis(300));
     // An accept on a port nobody listens on, and bad bodies.
     let (s, e) = n.api[1].post("/v1/cm/accept", json!({"port": 7473, "qpn": qb}));
@@ -299,7 +299,7 @@ fn refused_timed_out_and_past_the_backlog() {
             "{e2}"
         );
         let (s1, e1) = first.join().expect("first connect");
-        assert_eq!((s1, e1["code"].as_str()), (504, Some("timed_out")), "{e1}");
+        assert_eq!((s1, e1["code"].as_str()), (408, Some("timed_out")), "{e1}");
     });
     // The withdrawn REQ left B's backlog; B's book says why.
     let l = until(&n.api[1], "/v1/cm/listeners", 5, |l| l[0]["waiting"] == 0);

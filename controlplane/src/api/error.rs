@@ -46,6 +46,7 @@ impl From<RdmaError> for ApiError {
             Refusal::Conflict => 409,
             Refusal::Unavailable => 503,
             Refusal::TimedOut => 504,
+            Refusal::Expired => 408,
             Refusal::Internal => 500,
         };
         ApiError {

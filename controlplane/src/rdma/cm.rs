@@ -382,7 +382,7 @@ fn cm_error(e: CmError) -> RdmaError {
 
 fn timed_out(message: String) -> RdmaError {
     RdmaError {
-        kind: Refusal::TimedOut,
+        kind: Refusal::Expired,
         code: "timed_out",
         message,
     }
@@ -396,7 +396,7 @@ fn ended(phase: Phase, what: &str) -> RdmaError {
             format!("{what}: rejected ({}, reason {})", r.name(), r.code()),
         ),
         Phase::Unreachable => RdmaError {
-            kind: Refusal::TimedOut,
+            kind: Refusal::Expired,
             code: "cm_unreachable",
             message: format!("{what}: no answer from the peer after every CM retry"),
         },

@@ -62,6 +62,9 @@ pub enum Refusal {
     Unavailable,
     /// A test did not finish in the time its caller gave it (it was stopped).
     TimedOut,
+    /// What the caller waited for from elsewhere (a peer's answer, a connection request) did
+    /// not come in the time it gave: nothing is wrong with the node or the request.
+    Expired,
     /// The node could not do it.
     Internal,
 }
