@@ -9,7 +9,8 @@ perftest client against `rocectl perf --server`). The `lib` cases run the same u
 tool on both ends: Debian's perftest or rdma-core example on ferroce through
 libferroce_ibverbs.so (LD_PRELOAD, attached to roced's socket), against the same on rxe.
 The `cm` cases run the VM's rdmacm-utils against roced's QP1 (its connection manager
-refusing what no one listens on). A case passes when both sides exit 0 and
+refusing what no one listens on, and connections both ways between rping and
+`rocectl cm connect` / `rocectl cm accept`). A case passes when both sides exit 0 and
 report the same message size and iteration count with a non-zero bandwidth. Prints one line
 per case, then the tools' own output for every case; exits 1 if any case failed.
 
@@ -221,7 +222,110 @@ CM_CASES = [
          expect=r"RDMA_CM_EVENT_REJECTED, error 8", counter="cm_tx_rej"),
     dict(name="cm udaddy to no listener", cmd="udaddy -s %s -C 1" % peer.FERROCE_IP,
          expect=r"RDMA_CM_EVENT_UNREACHABLE", counter="cm_tx_mads"),
+    # Connections both ways with the VM's rping (debug output shows its CM events): ferroce's
+    # REQ/REP/RTU against rxe's ib_cm, the QPs in RTS on both ends, then a DREQ from ferroce.
+    # rping's own data exchange needs rping on ferroce (the librdmacm shim), not yet here.
+    dict(name="cm rping -s <- rocectl cm connect", kind="to_vm", v6=False, port=7472),
+    dict(name="cm ipv6 rping -s <- rocectl cm connect", kind="to_vm", v6=True, port=7473),
+    dict(name="cm rping -c -> rocectl cm accept", kind="from_vm", v6=False, port=7474),
+    dict(name="cm ipv6 rping -c -> rocectl cm accept", kind="from_vm", v6=True, port=7475),
 ]
+
+
+def hostport(ip, port):
+    return "[%s]:%d" % (ip, port) if ":" in ip else "%s:%d" % (ip, port)
+
+
+def vm_background(vm, cmd, log):
+    vm.run("rm -f %s; setsid sh -c '%s > %s 2>&1; echo EXIT=$? >> %s' &" % (log, cmd, log, log))
+
+
+def vm_log_until(vm, log, pattern, secs):
+    """The VM's log once `pattern` (an extended regex) is in it, or after `secs`."""
+    for _ in range(int(secs / 0.3)):
+        rc, out = vm.run("grep -Eq '%s' %s && cat %s" % (pattern, log, log), 10)
+        if rc == 0:
+            return out
+        time.sleep(0.3)
+    return vm.run("cat %s" % log, 10)[1]
+
+
+def cm_connection_rows(vm, c):
+    """One connection over roced's CM with the VM's rping: established on both ends (rping's
+    ESTABLISHED event, roced's connection and QP in RTS with the peer's QPN), then ferroce's
+    DREQ: rping's DISCONNECTED event, and roced's QP in ERR."""
+    vip = vm.ip6 if c["v6"] else vm.ip
+    fip = peer.FERROCE_IP6 if c["v6"] else peer.FERROCE_IP
+    before = counter("cm_established")
+    log = "/tmp/cm.log"
+    if c["kind"] == "to_vm":
+        vm_background(vm, "timeout -k 5 60 rping -s -d -a %s -p %d -C 1" % (vip, c["port"]),
+                      log)
+        # rping's debug lines are printf's, seen only when it exits: until it listens, its CM
+        # refuses the REQ (invalid service ID), and the connect is tried again.
+        for _ in range(30):
+            t = time.time()
+            r = ctl("--json cm connect %s --timeout-ms 20000" % hostport(vip, c["port"]),
+                    check=False)
+            if "invalid service ID" not in r.stderr:
+                break
+            time.sleep(0.3)
+        roles = "rocectl cm connect -> rxe rping -s"
+    else:
+        ctl("cm listen %d" % c["port"])
+        p = subprocess.Popen(["ip", "netns", "exec", peer.NS, ROCECTL, "--api", API, "--json",
+                              "cm", "accept", str(c["port"]), "--timeout-ms", "30000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t = time.time()
+        vm_background(vm, "timeout -k 5 60 rping -c -d -a %s -p %d -C 1 -v" % (fip, c["port"]),
+                      log)
+        try:
+            fout = p.communicate(timeout=40)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            fout = p.communicate()[0] + "\n(killed: no exit)"
+        r = subprocess.CompletedProcess([], p.returncode, fout, "")
+        roles = "rxe rping -c -> rocectl cm accept"
+    took = time.time() - t
+    fout = r.stdout + r.stderr
+    try:
+        conn = json.loads(r.stdout) if r.returncode == 0 else {}
+    except ValueError:
+        conn = {}
+    ok, why = False, "rocectl exit %d: %s" % (r.returncode, fout.strip()[-300:])
+    vout = ""
+    if conn.get("state") == "established":
+        qp = api("GET", "/v1/qps/%d" % conn["qpn"])
+        ctl("cm disconnect %d" % conn["id"])
+        vout = vm_log_until(vm, log, "EXIT=", 20)
+        qp_after = qp
+        for _ in range(50):
+            qp_after = api("GET", "/v1/qps/%d" % conn["qpn"])
+            if qp_after.get("state") == "ERR":
+                break
+            time.sleep(0.1)
+        grew = counter("cm_established") - before
+        checks = [
+            ("rping ESTABLISHED", "RDMA_CM_EVENT_ESTABLISHED" in vout),
+            ("rping DISCONNECTED", re.search(r"DISCONNECT", vout) is not None),
+            ("QP in RTS", qp.get("state") == "RTS"),
+            ("QP to ERR after the DREQ", qp_after.get("state") == "ERR"),
+            ("peer QPN", conn.get("remote_qpn") is not None and
+             qp.get("rqpn") == conn.get("remote_qpn")),
+            ("cm_established +1", grew == 1),
+        ]
+        failed = [n for n, good in checks if not good]
+        ok = not failed
+        why = "established in %.1fs, QP %d <-> rxe QP %s, disconnected%s" % (
+            took, conn["qpn"], conn.get("remote_qpn"),
+            "" if ok else "; failed: " + ", ".join(failed))
+    else:
+        vm.run("pkill -x rping", 10)
+        vout = vm_log_until(vm, log, "EXIT=", 10)
+    if c["kind"] == "from_vm":
+        ctl("cm unlisten %d" % c["port"], check=False)
+    vm.run("pkill -x rping", 10)
+    return [(roles, ok, why, fout, vout)]
 
 
 def run_cm_case(vm, c):
@@ -548,7 +652,8 @@ def main():
                 if only and only not in c["name"]:
                     continue
                 if c in CM_CASES:
-                    results = run_cm_case(vm, c)
+                    results = (cm_connection_rows(vm, c) if c.get("kind")
+                               else run_cm_case(vm, c))
                     for roles, ok, why, fout, rout in results:
                         rows.append((c["name"], roles, ok, why))
                         details.append((c["name"] + ", " + roles, fout, rout))
