@@ -181,7 +181,17 @@ pub fn run(
                 .filter(|s| *s > 0)
                 .unwrap_or(100_000);
             let line_bps = speed as f64 * 1e6;
-            let mut hosts = RdmaHost::sharded(nworkers, 0, line_bps).into_iter();
+            let mut hosts = RdmaHost::sharded(nworkers, 0, line_bps);
+            // QP1's CM names its CA by port 0's node GUID, as rxe does.
+            if let Some(mac) = macs.first() {
+                let guid = dataplane::transport::cm::ca_guid_of(mac.0);
+                for h in hosts.iter_mut() {
+                    if let Some(g) = h.shard().gsi.as_mut() {
+                        g.cm.set_local_ca_guid(guid);
+                    }
+                }
+            }
+            let mut hosts = hosts.into_iter();
             let heap = HugepageHeap::new(&eal);
             let api_net = plan.net.clone();
             let api_macs = macs.clone();

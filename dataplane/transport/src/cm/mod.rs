@@ -454,6 +454,12 @@ pub struct Cm {
 }
 
 impl Cm {
+    /// Names the CA in the REQs, REPs and REJs it sends from now on (its node GUID, which
+    /// peers pair with our communication IDs to tell one CA's connections from another's).
+    pub fn set_local_ca_guid(&mut self, guid: u64) {
+        self.cfg.local_ca_guid = guid;
+    }
+
     /// A CM with every slot and queue made.
     pub fn new(cfg: Config) -> Cm {
         let n = cfg.max_conns.clamp(1, 1 << 16);
@@ -1339,6 +1345,22 @@ impl Conn {
 /// connect to.
 pub fn service_id_of(port: u16) -> u64 {
     cm::service_id(cm::PortSpace::Tcp, port)
+}
+
+/// The CA GUID of a port with MAC address `mac`, as rxe makes its node GUID (the modified
+/// EUI-64 of the MAC: the universal/local bit flipped, ff:fe in the middle), as the value
+/// whose big-endian bytes a MAD carries.
+pub fn ca_guid_of(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ])
 }
 
 /// An IP address as the GID RoCEv2 carries for it (IPv4-mapped for IPv4).

@@ -768,6 +768,20 @@ fn communication_ids_name_their_slot_and_a_stale_one_is_refused() {
 }
 
 #[test]
+fn the_ca_guid_is_the_macs_modified_eui64() {
+    // rxe's node GUID for 52:54:00:e9:01:11 (the interop VM's NIC): 5054:00ff:fee9:0111.
+    assert_eq!(
+        ca_guid_of([0x52, 0x54, 0x00, 0xe9, 0x01, 0x11]),
+        0x5054_00ff_fee9_0111
+    );
+    let mut p = Pair::new();
+    p.a.set_local_ca_guid(0x0200_00ff_fe00_0099);
+    p.connect();
+    let (_, req) = p.b_request();
+    assert_eq!(req.local_ca_guid, 0x0200_00ff_fe00_0099);
+}
+
+#[test]
 fn timeouts_follow_ibta_encoding() {
     assert_eq!(timeout_of(0), Duration::from_nanos(4096));
     assert_eq!(timeout_of(20), Duration::from_nanos(4096 << 20));
