@@ -4,4 +4,5 @@ pub mod decode;
 pub mod perf;
 pub mod perftest;
 pub mod pingpong;
+pub mod rping;
 pub mod setup;

@@ -117,13 +117,19 @@ fn connect_accept_write_and_disconnect_over_ipv4_and_ipv6() {
             cb["peer_port"].as_u64().is_some(),
             "the REQ's rdma_cm header: {cb}"
         );
-        // The QPs took each other's QPN and first PSN from the REQ and REP.
+        // The QPs took each other's QPN from the REQ and REP, and their PSNs as Linux does
+        // (rxe's rping capture): each side's REQ or REP names the PSN it expects to receive,
+        // the other sends from it.
         let a = n.api[0].ok(n.api[0].get(&format!("/v1/qps/{qa}")));
         let b = n.api[1].ok(n.api[1].get(&format!("/v1/qps/{qb}")));
-        for (q, rq, rpsn) in [(&a, qb, psn_b), (&b, qa, psn_a)] {
+        for (q, rq, own, other) in [(&a, qb, psn_a, psn_b), (&b, qa, psn_b, psn_a)] {
             assert_eq!(q["state"], "RTS", "{q}");
             assert_eq!(q["rqpn"], rq, "{q}");
-            assert_eq!(q["rq-psn"], rpsn, "{q}");
+            assert_eq!(
+                (&q["rq-psn"], &q["sq-psn"]),
+                (&json!(own), &json!(other)),
+                "{q}"
+            );
         }
         write_lands(&n, qa, seed);
 
@@ -318,5 +324,59 @@ fn refused_timed_out_and_past_the_backlog() {
     let (s, _) = n.api[1].delete("/v1/cm/listeners/7472");
     assert_eq!(s, 404);
     n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7472})));
+    n.stop();
+}
+
+#[test]
+fn rocectl_rping_client_and_server_check_a_hundred_pings() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmrping", 7676);
+    for (server_addr, size) in [("10.89.0.2", "64"), ("fd89::2", "1000")] {
+        let (srv, cli) = std::thread::scope(|s| {
+            let srv = s.spawn(|| {
+                rocectl_json(
+                    "127.0.0.1:7677",
+                    &["rping", "-s", "-p", "7174", "-C", "100", "-S", size],
+                )
+            });
+            // The client tries until the server listens (its connect is refused before).
+            let mut cli = Value::Null;
+            for _ in 0..100 {
+                let (code, out, err) = rocectl(
+                    "127.0.0.1:7676",
+                    &[
+                        "--json",
+                        "rping",
+                        "-c",
+                        "-a",
+                        server_addr,
+                        "-C",
+                        "100",
+                        "-V",
+                        "-S",
+                        size,
+                    ],
+                );
+                if code == 0 {
+                    cli = serde_json::from_str(&out).unwrap();
+                    break;
+                }
+                assert!(err.contains("cm_rejected"), "{err}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (srv.join().expect("rping server"), cli)
+        });
+        assert_eq!(cli["pings"], 100, "{cli}");
+        assert_eq!(cli["error"], Value::Null, "{cli}");
+        assert_eq!(srv["pings"], 100, "{srv}");
+        assert_eq!(cli["connection"]["remote_qpn"], srv["connection"]["qpn"]);
+    }
+    // Every QP and region the runs made is gone again.
+    for api in &n.api {
+        let qps = api.ok(api.get("/v1/qps"));
+        assert_eq!(qps.as_array().map(Vec::len), Some(0), "{qps}");
+        let mrs = api.ok(api.get("/v1/mrs"));
+        assert_eq!(mrs.as_array().map(Vec::len), Some(0), "{mrs}");
+    }
     n.stop();
 }

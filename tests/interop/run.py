@@ -229,7 +229,61 @@ CM_CASES = [
     dict(name="cm ipv6 rping -s <- rocectl cm connect", kind="to_vm", v6=True, port=7473),
     dict(name="cm rping -c -> rocectl cm accept", kind="from_vm", v6=False, port=7474),
     dict(name="cm ipv6 rping -c -> rocectl cm accept", kind="from_vm", v6=True, port=7475),
+    # rping's whole test both ways, 100 pings with every byte checked by the client (rping's
+    # -V when the VM is the client, rocectl rping's -V when ferroce is).
+    dict(name="cm rping -C 100", kind="rping", v6=False, port=7476),
+    dict(name="cm ipv6 rping -C 100", kind="rping", v6=True, port=7477),
 ]
+
+
+def rping_rows(vm, c):
+    """rocectl rping against the VM's rping, each as client and as server."""
+    vip = vm.ip6 if c["v6"] else vm.ip
+    fip = peer.FERROCE_IP6 if c["v6"] else peer.FERROCE_IP
+    rows = []
+    # ferroce's client, the VM's server.
+    log = "/tmp/rping-s.log"
+    vm_background(vm, "timeout -k 5 90 rping -s -a %s -p %d -C 100" % (vip, c["port"]), log)
+    t = time.time()
+    for _ in range(30):
+        r = ctl("--json rping -c -a %s -p %d -C 100 -V -S 64" % (vip, c["port"]), check=False,
+                timeout=120)
+        if "cm_rejected" not in r.stderr:
+            break
+        time.sleep(0.3)
+    took = time.time() - t
+    vout = vm_log_until(vm, log, "EXIT=", 30)
+    try:
+        res = json.loads(r.stdout)
+    except ValueError:
+        res = {}
+    ok = r.returncode == 0 and res.get("pings") == 100 and res.get("error") is None
+    rows.append(("rocectl rping -c -V -> rxe rping -s", ok,
+                 "%s pings checked in %.1fs" % (res.get("pings"), took) if ok else
+                 "exit %d: %s" % (r.returncode, (r.stdout + r.stderr).strip()[-300:]),
+                 r.stdout + r.stderr, vout))
+    vm.run("pkill -x rping", 10)
+    # The VM's client, ferroce's server.
+    p = subprocess.Popen(["ip", "netns", "exec", peer.NS, ROCECTL, "--api", API, "--json",
+                          "rping", "-s", "-p", str(c["port"]), "-C", "100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.5)
+    t = time.time()
+    _, vout = vm.run("timeout -k 5 90 rping -c -a %s -p %d -C 100 -V -v; echo EXIT=$?"
+                     % (fip, c["port"]), 120)
+    took = time.time() - t
+    try:
+        fout = p.communicate(timeout=40)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fout = p.communicate()[0] + "\n(killed: no exit)"
+    pings = len(re.findall(r"^ping data: rdma-ping-\d+: ", vout, re.M))
+    ok = exit_of(vout) == "0" and pings == 100 and "mismatch" not in vout
+    rows.append(("rxe rping -c -V -> rocectl rping -s", ok,
+                 "%d pings checked by rping in %.1fs" % (pings, took) if ok else
+                 "rping exit %s, %d pings: %s" % (exit_of(vout), pings, vout.strip()[-300:]),
+                 fout, vout))
+    return rows
 
 
 def hostport(ip, port):
@@ -652,7 +706,8 @@ def main():
                 if only and only not in c["name"]:
                     continue
                 if c in CM_CASES:
-                    results = (cm_connection_rows(vm, c) if c.get("kind")
+                    results = (rping_rows(vm, c) if c.get("kind") == "rping"
+                               else cm_connection_rows(vm, c) if c.get("kind")
                                else run_cm_case(vm, c))
                     for roles, ok, why, fout, rout in results:
                         rows.append((c["name"], roles, ok, why))

@@ -127,6 +127,15 @@ pub enum Cmd {
     ///   rocectl pingpong 10.233.0.11 -g 1 -s 4096 -n 1000
     #[command(verbatim_doc_comment)]
     Pingpong(crate::pingpong::PingpongArgs),
+    /// librdmacm's rping on this node, against an unmodified `rping` or another `rocectl
+    /// rping`, connected by the RDMA CM: the client's buffer READ by the server and WRITTEN
+    /// back, -C times, checked with -V.
+    ///
+    /// Examples:
+    ///   rocectl rping -s -p 7174
+    ///   rocectl rping -c -a 10.233.0.11 -C 100 -V -v
+    #[command(verbatim_doc_comment)]
+    Rping(crate::rping::RpingArgs),
     /// Print shell completions for rocectl (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.

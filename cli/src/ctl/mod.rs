@@ -53,6 +53,7 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         Cmd::Decode { file, verify_icrc } => return decode(file, *verify_icrc, cli.json, out),
         Cmd::Perf(a) => return crate::perf::perf(&c, a, cli.json, out),
         Cmd::Pingpong(a) => return crate::pingpong::pingpong(&c, a, cli.json, out),
+        Cmd::Rping(a) => return crate::rping::rping(&c, a, cli.json, out),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "rocectl", out);

@@ -8,8 +8,10 @@
 //! never waits for us: a REQ nobody takes is answered by the CM's own timers (the peer
 //! retries, then gives up), one past the backlog is rejected at once.
 //!
-//! What the QPs get follows Linux's ib_cm and rdma_cm (`cm_init_qp_*_attr`): the peer's QPN
-//! and first PSN, the path MTU both sides can carry, READs and atomics each way as the REQ and
+//! What the QPs get follows Linux's ib_cm and rdma_cm (`cm_init_qp_*_attr`): the peer's QPN;
+//! PSNs as Linux puts them on the wire (rxe's rping capture, tests/data/rxe/rping_cm.pcap:
+//! the passive side sends from the REQ's starting PSN and the active side from the REP's, so
+//! each message's starting PSN is the one its sender expects to receive); the path MTU both sides can carry, READs and atomics each way as the REQ and
 //! REP settle them (the responder resources one side offers bound the other's initiator
 //! depth), remote write always and remote read and atomic when the QP answers READs, the
 //! active side's retry count, each side's RNR retry count as the other gave it.
@@ -677,8 +679,9 @@ impl Rdma {
             pkey_index: Some(0),
             path_mtu: Some(mtu),
             dest_qp: Some(rep.local_qpn),
-            rq_psn: Some(rep.starting_psn),
-            sq_psn: Some(psn),
+            // The REQ carried the PSN we expect; we send from the one the REP carried.
+            rq_psn: Some(psn),
+            sq_psn: Some(rep.starting_psn),
             timeout: Some(ACK_TIMEOUT),
             retry_cnt: Some(cp.retry_count),
             rnr_retry: Some(rep.rnr_retry_count),
@@ -768,8 +771,9 @@ impl Rdma {
             pkey_index: Some(0),
             path_mtu: Some(mtu),
             dest_qp: Some(req.local_qpn),
-            rq_psn: Some(req.starting_psn),
-            sq_psn: Some(psn),
+            // The REP carries the PSN we expect; we send from the one the REQ carried.
+            rq_psn: Some(psn),
+            sq_psn: Some(req.starting_psn),
             timeout: Some(match req.primary.local_ack_timeout {
                 0 => ACK_TIMEOUT,
                 t => t,
