@@ -15,27 +15,6 @@ use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
-    let (mut o, mut e) = (Vec::new(), Vec::new());
-    let argv = ["rocectl", "--api", api]
-        .into_iter()
-        .chain(args.iter().copied());
-    let code = cli::ctl::run(argv, &mut o, &mut e);
-    (
-        code,
-        String::from_utf8(o).unwrap(),
-        String::from_utf8(e).unwrap(),
-    )
-}
-
-fn rocectl_json(api: &str, args: &[&str]) -> Value {
-    let mut a = vec!["--json"];
-    a.extend_from_slice(args);
-    let (code, out, err) = rocectl(api, &a);
-    assert_eq!(code, 0, "rocectl {args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
-}
-
 /// Polls `path` on `api` until `done` holds of it, for up to `secs`; returns the last answer.
 fn until(api: &Api, path: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
     let end = Instant::now() + Duration::from_secs(secs);

@@ -791,20 +791,6 @@ fn prometheus_scrapes_the_counters_of_both_nodes() {
     n.stop();
 }
 
-/// rocectl (in-process: `cli::ctl::run`) against node `api`: exit status, stdout, stderr.
-fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
-    let (mut o, mut e) = (Vec::new(), Vec::new());
-    let argv = ["rocectl", "--api", api]
-        .into_iter()
-        .chain(args.iter().copied());
-    let code = cli::ctl::run(argv, &mut o, &mut e);
-    (
-        code,
-        String::from_utf8(o).unwrap(),
-        String::from_utf8(e).unwrap(),
-    )
-}
-
 /// rocectl's arguments for a 16-byte WRITE on `qa` from `addr` (key `lkey`) to `remote` (`rkey`).
 fn write16<'a>(
     qa: &'a str,
@@ -828,15 +814,6 @@ fn write16<'a>(
         "--remote-addr",
         remote,
     ]
-}
-
-/// rocectl --json, which must succeed; its JSON.
-fn rocectl_json(api: &str, args: &[&str]) -> Value {
-    let mut a = vec!["--json"];
-    a.extend_from_slice(args);
-    let (code, out, err) = rocectl(api, &a);
-    assert_eq!(code, 0, "rocectl {args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
 }
 
 /// Polls created CQ `cqn` until `n` completions arrived (or 10 s passed); returns them.

@@ -460,3 +460,26 @@ pub fn memif_nodes(tag: &str, api_base: u16) -> Cluster {
         dir,
     )
 }
+
+/// rocectl (in-process: `cli::ctl::run`) against node `api`: exit status, stdout, stderr.
+pub fn rocectl(api: &str, args: &[&str]) -> (u8, String, String) {
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let argv = ["rocectl", "--api", api]
+        .into_iter()
+        .chain(args.iter().copied());
+    let code = cli::ctl::run(argv, &mut o, &mut e);
+    (
+        code,
+        String::from_utf8(o).unwrap(),
+        String::from_utf8(e).unwrap(),
+    )
+}
+
+/// rocectl --json, which must succeed; its JSON.
+pub fn rocectl_json(api: &str, args: &[&str]) -> Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = rocectl(api, &a);
+    assert_eq!(code, 0, "rocectl {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rocectl {args:?}: {e}: {out}"))
+}
