@@ -271,7 +271,9 @@ fn run(
         let _ = c.call("DELETE", &format!("/v1/cm/listeners/{}", a.port), None);
         r?
     } else {
-        let peer = a.addr.expect("clap: -c requires -a");
+        let peer = a
+            .addr
+            .ok_or_else(|| Fail(2, "-c needs the server's address (-a)".into()))?;
         c.call(
             "POST",
             "/v1/cm/connect",
@@ -294,14 +296,15 @@ fn run(
             wait: Duration::from_millis(a.timeout_ms),
         },
     };
-    s.post_recv()?;
     let t0 = Instant::now();
     let mut pings = 0u64;
-    let result = if a.client {
-        client(&mut s, a, &mut pings, out)
-    } else {
-        server(&mut s, a, &mut pings, out)
-    };
+    let result = s.post_recv().and_then(|_| {
+        if a.client {
+            client(&mut s, a, &mut pings, out)
+        } else {
+            server(&mut s, a, &mut pings, out)
+        }
+    });
     let secs = t0.elapsed().as_secs_f64();
     let _ = c.call("DELETE", &format!("/v1/cm/connections/{id}"), None);
     // A server's run ends when its client goes: its last wait fails, and that is the end.
