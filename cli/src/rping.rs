@@ -196,6 +196,11 @@ impl Side<'_> {
     }
 }
 
+/// What a failed write to the output is.
+fn io(e: std::io::Error) -> Fail {
+    Fail(2, e.to_string())
+}
+
 fn text(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
@@ -247,7 +252,6 @@ fn run(
     base: u64,
     qpn: u32,
 ) -> Result<u8, Fail> {
-    let io = |e: std::io::Error| Fail(2, e.to_string());
     let wait_ms = a.timeout_ms.min(30_000);
     let conn = if a.server {
         let listened = c.call(
@@ -336,7 +340,6 @@ fn client(
     pings: &mut u64,
     out: &mut dyn Write,
 ) -> Result<(), Fail> {
-    let io = |e: std::io::Error| Fail(2, e.to_string());
     let mut start = 65u8;
     let size = a.size as usize;
     while a.count == 0 || *pings < a.count {
@@ -372,7 +375,6 @@ fn server(
     pings: &mut u64,
     out: &mut dyn Write,
 ) -> Result<(), Fail> {
-    let io = |e: std::io::Error| Fail(2, e.to_string());
     while a.count == 0 || *pings < a.count {
         let (addr, rkey, len) = s.recv_info("server: the client's start buffer")?;
         let len = u64::from(len).min(s.size);

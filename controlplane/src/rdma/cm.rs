@@ -159,9 +159,9 @@ struct Book {
     listeners: BTreeMap<u16, (usize, VecDeque<u32>)>,
 }
 
-impl Book {
-    fn info(&self, id: u32, c: &Conn, now: Instant) -> CmConnInfo {
-        let _ = self;
+impl Conn {
+    fn info(&self, id: u32, now: Instant) -> CmConnInfo {
+        let c = self;
         CmConnInfo {
             id,
             role: c.role,
@@ -178,7 +178,9 @@ impl Book {
             age_ms: now.saturating_duration_since(c.since).as_millis() as u64,
         }
     }
+}
 
+impl Book {
     /// Forgets the oldest finished connections past [`BOOK_MAX`].
     fn prune(&mut self) {
         while self.conns.len() > BOOK_MAX {
@@ -515,7 +517,7 @@ impl Rdma {
     pub fn cm_connections(&self) -> Vec<CmConnInfo> {
         let now = Instant::now();
         let b = self.cm.book.lock().expect("cm book");
-        b.conns.iter().map(|(&id, c)| b.info(id, c, now)).collect()
+        b.conns.iter().map(|(&id, c)| c.info(id, now)).collect()
     }
 
     /// Connection `id`.
@@ -525,7 +527,7 @@ impl Rdma {
             .conns
             .get(&id)
             .ok_or_else(|| RdmaError::not_found(format!("no CM connection {id}")))?;
-        Ok(b.info(id, c, Instant::now()))
+        Ok(c.info(id, Instant::now()))
     }
 
     /// An RC QP in RESET that a CM connection may take, and the PSN it starts with.
