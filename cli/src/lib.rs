@@ -1,4 +1,5 @@
 //! rocectl's commands as a library, so they can be tested without a process.
+pub mod cmstream;
 pub mod ctl;
 pub mod decode;
 pub mod perf;

@@ -12,6 +12,7 @@
 //! each iteration was posted; the differences are the round trips (halved for the WRITE and
 //! SEND ping-pongs, as perftest does), summarised through an HdrHistogram.
 
+use crate::cmstream::{self, CmStream, PERFTEST_REJ_RETRIES};
 use crate::ctl::{Client, Fail};
 use crate::perftest::{BwReport, Dest, Oob, OobError, Role, Test};
 use crate::setup::{Buf, Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
@@ -117,6 +118,11 @@ pub struct PerfArgs {
     /// Seconds to wait for the peer's connection exchange.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Connect through the RDMA CM, as perftest's -R does (bandwidth tests): no TCP, the
+    /// exchange runs over a CM connection on --oob-port and each test QP connects through
+    /// the CM on the same port. PEER must then be an IP address.
+    #[arg(long = "rdma-cm", short = 'R')]
+    pub rdma_cm: bool,
 }
 
 impl From<OobError> for Fail {
@@ -181,6 +187,9 @@ pub(crate) fn perf(c: &Client, a: &PerfArgs, json: bool, out: &mut dyn Write) ->
     }
     if a.qps != 1 && (a.kind == PerfKind::Lat || a.qps == 0) {
         return Err(Fail(2, "-q runs bandwidth tests on 1 or more QPs".into()));
+    }
+    if a.rdma_cm && a.kind == PerfKind::Lat {
+        return Err(Fail(2, "-R (rdma_cm) runs bandwidth tests only".into()));
     }
     let gid = local_gid(c, a.port, a.gid_index)?;
     if a.kind == PerfKind::Bw {
@@ -279,6 +288,9 @@ fn bandwidth(
             srqn: 0,
         })
         .collect();
+    if a.rdma_cm {
+        return bandwidth_cm(c, a, &qpns, &buf, &mine, rx_depth, json, out);
+    }
     let (stream, role) = connect_oob(a.peer.as_deref(), a.oob_port, a.timeout)?;
     let mut oob = Oob::new(stream, role);
     let connect = |mtu, remote: &[Dest]| {
@@ -307,22 +319,97 @@ fn bandwidth(
             .map(drop)
         })
     };
-    let o = crate::perftest::bw_exchange(
-        &mut oob,
-        test,
+    let o = exchange(&mut oob, c, a, (&qpns, &buf, &mine, rx_depth), connect)?;
+    print_bandwidth(a, role, &mine[0], &o, json, out)
+}
+
+/// perftest's exchange around a bandwidth test on `qpns`, whatever carries it; `connect`
+/// connects the QPs (see [`crate::perftest::bw_exchange`]).
+fn exchange<S: crate::perftest::OobStream>(
+    oob: &mut Oob<S>,
+    c: &Client,
+    a: &PerfArgs,
+    (qpns, buf, mine, rx_depth): (&[u32], &Buf, &[Dest], u64),
+    connect: impl FnOnce(u32, &[Dest]) -> Result<(), Fail>,
+) -> Result<crate::perftest::BwOutcome, Fail> {
+    let role = oob.role();
+    crate::perftest::bw_exchange(
+        oob,
+        a.test(),
         a.mtu,
-        &mine,
+        mine,
         connect,
         || {
             qpns.iter()
-                .try_for_each(|&q| send_receives(c, a, q, &buf, rx_depth))
+                .try_for_each(|&q| send_receives(c, a, q, buf, rx_depth))
         },
         |remote| match role {
-            Role::Client => run_bandwidth(c, a, &qpns, &buf, remote),
-            Role::Server => receive_bandwidth(c, a, &qpns, &buf, rx_depth),
+            Role::Client => run_bandwidth(c, a, qpns, buf, remote),
+            Role::Server => receive_bandwidth(c, a, qpns, buf, rx_depth),
         },
-    )?;
-    print_bandwidth(a, role, &mine[0], &o, json, out)
+    )
+}
+
+/// A bandwidth test connected as perftest's `-R` does: the exchange over a CM connection
+/// ([`CmStream`]), then one CM connection per test QP on the same port. At the end the
+/// client disconnects the test QPs and the server the exchange, each after the other side
+/// is done with them (perftest's order in rxe's capture).
+#[allow(clippy::too_many_arguments)]
+fn bandwidth_cm(
+    c: &Client,
+    a: &PerfArgs,
+    qpns: &[u32],
+    buf: &Buf,
+    mine: &[Dest],
+    rx_depth: u64,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let peer = match a.peer.as_deref() {
+        None => None,
+        Some(p) => Some(
+            p.parse::<IpAddr>()
+                .map_err(|_| Fail(2, format!("-R connects to an IP address; {p:?} is not one")))?,
+        ),
+    };
+    let wait = std::time::Duration::from_secs(a.timeout);
+    let (stream, role) = CmStream::open(c, peer, a.oob_port, qpns.len(), wait)?;
+    let port = a.oob_port;
+    let exchange_conn = stream.conn();
+    let mut oob = Oob::over_cm(stream, role, a.gid_index as u32);
+    let mut conns: Vec<u64> = Vec::new();
+    let connect = |_mtu, _: &[Dest]| {
+        for &qpn in qpns {
+            let conn = match peer {
+                Some(p) => cmstream::connect(c, qpn, (p, port), PERFTEST_REJ_RETRIES, wait)?,
+                None => cmstream::accept(c, port, qpn, wait)?,
+            };
+            conns.extend(conn["id"].as_u64());
+        }
+        Ok(())
+    };
+    let r = exchange(&mut oob, c, a, (qpns, buf, mine, rx_depth), connect);
+    let linger = std::time::Duration::from_secs(5);
+    match role {
+        Role::Client => {
+            for id in &conns {
+                let _ = c.call("DELETE", &format!("/v1/cm/connections/{id}"), None);
+            }
+            if r.is_ok() {
+                cmstream::wait_closed(c, exchange_conn.as_slice(), linger);
+            }
+        }
+        Role::Server => {
+            if r.is_ok() {
+                cmstream::wait_closed(c, &conns, linger);
+            }
+            for id in &conns {
+                let _ = c.call("DELETE", &format!("/v1/cm/connections/{id}"), None);
+            }
+        }
+    }
+    drop(oob);
+    print_bandwidth(a, role, &mine[0], &r?, json, out)
 }
 
 /// QPs one bulk request creates or connects at most: a million-QP run takes several, each

@@ -30,6 +30,8 @@ pub const VERSION: &str = "6.06";
 pub const PORT: u16 = 18515;
 /// Bytes of a key message with a GID (KEY_MSG_SIZE_GID).
 pub const KEY_MSG: usize = 108;
+/// Bytes of a key message over an RDMA CM connection (`-R`): `struct pingpong_dest` itself.
+pub const CM_KEY_MSG: usize = 56;
 /// Keys a client sends ahead of the server's answers (256 x 108 B = 27 KiB in flight).
 pub const KEYS_AHEAD: usize = 256;
 
@@ -99,6 +101,51 @@ impl Dest {
         let mut m = [0u8; KEY_MSG];
         m[..s.len()].copy_from_slice(s.as_bytes());
         m
+    }
+
+    /// The 56-byte message of perftest's `-R` exchange: `struct pingpong_dest` in big-endian
+    /// (lid, out_reads, qpn, psn, rkey as u32s, 4 bytes of padding, vaddr u64, the GID, srqn
+    /// and gid_index u32s), as `rdma_write_keys` SENDs it.
+    pub fn to_cm_wire(&self, gid_index: u32) -> [u8; CM_KEY_MSG] {
+        let mut m = [0u8; CM_KEY_MSG];
+        m[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        m[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+        m[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        m[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        m[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        m[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        m[32..48].copy_from_slice(&self.gid.octets());
+        m[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        m[52..56].copy_from_slice(&gid_index.to_be_bytes());
+        m
+    }
+
+    /// Parses a `-R` key message ([`Dest::to_cm_wire`]); the padding and gid_index are not
+    /// kept (perftest's `rdma_read_keys` drops them too).
+    pub fn parse_cm(m: &[u8]) -> Result<Dest, OobError> {
+        let m: &[u8; CM_KEY_MSG] = m.try_into().map_err(|_| OobError::Malformed {
+            what: "key message",
+            got: format!("{} bytes where perftest sends {CM_KEY_MSG}", m.len()),
+        })?;
+        let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+        let bad = |what: &str, v: u32| OobError::Malformed {
+            what: "key message",
+            got: format!("{what} {v:#x} does not fit perftest's 16 bits"),
+        };
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&m[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&m[32..48]);
+        Ok(Dest {
+            lid: u16::try_from(u32_at(0)).map_err(|_| bad("lid", u32_at(0)))?,
+            out_reads: u16::try_from(u32_at(4)).map_err(|_| bad("out_reads", u32_at(4)))?,
+            qpn: u32_at(8) & 0xff_ffff,
+            psn: u32_at(12) & 0xff_ffff,
+            rkey: u32_at(16),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid: Ipv6Addr::from(gid),
+            srqn: u32_at(48),
+        })
     }
 
     /// Parses a key message (with or without the GID part).
@@ -190,6 +237,9 @@ pub const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(10)
 pub struct Oob<S> {
     s: S,
     role: Role,
+    /// Over an RDMA CM connection (`-R`): binary keys with this GID index, every message in
+    /// lockstep, no closing `done`.
+    cm: Option<u32>,
     /// The peer's version, once exchanged.
     pub remote_version: f64,
 }
@@ -200,8 +250,28 @@ impl<S: OobStream> Oob<S> {
         Oob {
             s,
             role,
+            cm: None,
             remote_version: 0.0,
         }
+    }
+
+    /// The exchange of perftest's `-R` over `s`, a stream of SENDs on an RDMA CM connection
+    /// (see [`Dest::to_cm_wire`]); `gid_index` is the one our keys name.
+    pub fn over_cm(s: S, role: Role, gid_index: u32) -> Self {
+        Oob {
+            cm: Some(gid_index),
+            ..Oob::new(s, role)
+        }
+    }
+
+    /// Which side we are.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Whether the exchange runs over an RDMA CM connection.
+    pub fn is_cm(&self) -> bool {
+        self.cm.is_some()
     }
 
     /// One message each way, in perftest's order (the client writes first); the peer's must
@@ -259,9 +329,21 @@ impl<S: OobStream> Oob<S> {
 
     /// Step 4: our keys for theirs (also the barrier perftest repeats).
     pub fn keys(&mut self, mine: &Dest) -> Result<Dest, OobError> {
+        if let Some(gid_index) = self.cm {
+            let mut theirs = [0u8; CM_KEY_MSG];
+            self.xchg(&mine.to_cm_wire(gid_index), &mut theirs)?;
+            return Dest::parse_cm(&theirs);
+        }
         let mut theirs = [0u8; KEY_MSG];
         self.xchg(&mine.to_wire(), &mut theirs)?;
         Dest::parse(&theirs)
+    }
+
+    /// `-R`'s barrier before the QPs have keys: perftest's all-zero `struct pingpong_dest`
+    /// each way (what comes back is not looked at, as perftest does not).
+    pub fn zero_barrier(&mut self) -> Result<(), OobError> {
+        let mut theirs = [0u8; CM_KEY_MSG];
+        self.xchg(&[0u8; CM_KEY_MSG], &mut theirs)
     }
 
     /// Step 4 for many QPs: one key each way per QP, in perftest's order. The client keeps up
@@ -271,13 +353,14 @@ impl<S: OobStream> Oob<S> {
     pub fn keys_many(&mut self, mine: &[Dest]) -> Result<Vec<Dest>, OobError> {
         let mut theirs = Vec::with_capacity(mine.len());
         let mut msg = [0u8; KEY_MSG];
-        match self.role {
-            Role::Server => {
+        // A CM connection's peer keeps one receive posted: one key each way at a time.
+        match (self.role, self.cm) {
+            (Role::Server, _) | (_, Some(_)) => {
                 for d in mine {
                     theirs.push(self.keys(d)?);
                 }
             }
-            Role::Client => {
+            (Role::Client, None) => {
                 let mut sent = 0;
                 for i in 0..mine.len() {
                     while sent < mine.len() && sent < i + KEYS_AHEAD {
@@ -454,6 +537,12 @@ pub fn lat_exchange<S: OobStream, E: From<OobError>, R>(
 /// use the first QP's keys. That is perftest 4.5's `-q` on the wire (a capture of two
 /// Soft-RoCE hosts running `ib_write_bw -q 2` and `ib_send_bw -q 2`); with one QP it is the
 /// three exchanges before traffic (four for SEND) that every perftest test makes.
+///
+/// Over an RDMA CM connection (perftest's `-R`, [`Oob::over_cm`]) the test QPs connect
+/// through the CM instead, before any keys: `connect(mtu, &[])` runs between two barriers of
+/// all-zero keys (perftest's `create_rdma_cm_connection` syncs before and after connecting),
+/// the keys that follow are only printed and checked, and there is no closing `done` (rxe's
+/// `tests/data/rxe/write_bw_cm.pcap`).
 pub fn bw_exchange<S: OobStream, E: From<OobError>>(
     oob: &mut Oob<S>,
     test: Test,
@@ -470,8 +559,16 @@ pub fn bw_exchange<S: OobStream, E: From<OobError>>(
         })
     })?;
     let mtu = oob.setup(mtu)?;
-    let remote = oob.keys_many(all)?;
-    connect(mtu, &remote)?;
+    let remote = if oob.is_cm() {
+        oob.zero_barrier()?;
+        connect(mtu, &[])?;
+        oob.zero_barrier()?;
+        oob.keys_many(all)?
+    } else {
+        let remote = oob.keys_many(all)?;
+        connect(mtu, &remote)?;
+        remote
+    };
     if test == Test::Send {
         oob.keys(mine)?;
     }
@@ -508,7 +605,9 @@ pub fn bw_exchange<S: OobStream, E: From<OobError>>(
         }
     };
     oob.keys(mine)?;
-    oob.done()?;
+    if !oob.is_cm() {
+        oob.done()?;
+    }
     Ok(BwOutcome {
         mtu,
         remote,
@@ -963,5 +1062,155 @@ mod tests {
         assert_eq!(mtu_enum(1500), None);
         assert_eq!(mtu_bytes(0), None);
         assert_eq!(mtu_bytes(6), None);
+    }
+
+    /// The RC SEND payloads on QP `qpn` of a capture in tests/data/rxe, each message apart:
+    /// those from `from` (an IPv4 address) and those to it.
+    fn rc_sends(name: &str, qpn: u32, from: [u8; 4]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/rxe")
+            .join(name);
+        let mut r = pcap_file::pcap::PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        while let Some(p) = r.next_packet() {
+            let f = p.unwrap().data.into_owned();
+            // Ethernet, IPv4 (20 bytes), UDP to 4791, BTH; SEND Only is opcode 0x04.
+            if f.len() < 58 || f[12..14] != [0x08, 0x00] || f[23] != 17 || f[42] != 0x04 {
+                continue;
+            }
+            if u32::from_be_bytes([0, f[47], f[48], f[49]]) != qpn {
+                continue;
+            }
+            let pad = usize::from((f[43] >> 4) & 3);
+            let m = f[54..f.len() - 4 - pad].to_vec();
+            if f[26..30] == from {
+                mine.push(m);
+            } else {
+                theirs.push(m);
+            }
+        }
+        (mine, theirs)
+    }
+
+    /// Replays messages: reads what one side sent, records each of our writes apart.
+    struct Messages {
+        input: Cursor<Vec<u8>>,
+        sent: Vec<Vec<u8>>,
+    }
+
+    impl OobStream for Messages {}
+
+    impl Read for Messages {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            self.input.read(b)
+        }
+    }
+
+    impl Write for Messages {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.sent.push(b.to_vec());
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn cm_key_messages_are_perftests_struct_in_big_endian() {
+        // The client's keys in rxe's ib_write_bw -R capture (frame 31).
+        let (client, server) = rc_sends("write_bw_cm.pcap", 0x1a, [10, 233, 0, 10]);
+        let m = &client[7];
+        assert_eq!(m.len(), CM_KEY_MSG);
+        let d = Dest::parse_cm(m).unwrap();
+        assert_eq!(
+            d,
+            Dest {
+                lid: 0,
+                out_reads: 1,
+                qpn: 0x1b,
+                psn: 0x994806,
+                rkey: 0xcc4,
+                vaddr: 0x563d_bb98_6000,
+                gid: "::ffff:10.233.0.10".parse().unwrap(),
+                srqn: 0,
+            }
+        );
+        // Ours are the same bytes but for perftest's uninitialised padding.
+        let mut want = m.clone();
+        want[20..24].fill(0);
+        assert_eq!(&d.to_cm_wire(1)[..], &want[..]);
+        assert_eq!(Dest::parse_cm(&server[7]).unwrap().rkey, 0xc77);
+        // The barriers before any keys are all zeros.
+        assert_eq!(client[4], [0u8; CM_KEY_MSG]);
+        assert_eq!(Dest::parse_cm(&client[4]).unwrap().qpn, 0);
+        // A message of another size, or a LID past 16 bits, is not perftest's.
+        assert!(Dest::parse_cm(&m[..55]).is_err());
+        let mut big = m.clone();
+        big[1] = 1;
+        assert!(Dest::parse_cm(&big).is_err());
+    }
+
+    /// ib_write_bw -R between two rxe hosts, each role replayed against the other's SENDs:
+    /// the same messages in the same order and of the same sizes, the test QPs connected
+    /// (through the CM) between the two all-zero barriers, and no closing `done`.
+    #[test]
+    fn cm_exchange_replays_against_perftest_minus_r() {
+        let (client, server) = rc_sends("write_bw_cm.pcap", 0x1a, [10, 233, 0, 10]);
+        assert_eq!((client.len(), server.len()), (16, 16));
+        for role in [Role::Client, Role::Server] {
+            let (input, counterpart) = match role {
+                Role::Client => (&server, &client),
+                Role::Server => (&client, &server),
+            };
+            let mut oob = Oob::over_cm(
+                Messages {
+                    input: Cursor::new(input.concat()),
+                    sent: Vec::new(),
+                },
+                role,
+                1,
+            );
+            let (mut connected, mut ran) = (0, false);
+            let out = bw_exchange::<_, OobError>(
+                &mut oob,
+                Test::Write,
+                1024,
+                &[dest(0x1b)],
+                |mtu, remote| {
+                    assert_eq!((mtu, remote.len()), (1024, 0));
+                    connected += 1;
+                    Ok(())
+                },
+                || Ok(()),
+                |_| {
+                    ran = true;
+                    Ok(BwReport {
+                        size: 4096,
+                        iters: 20,
+                        bw_peak: 1.0,
+                        bw_avg: 1.0,
+                        msg_rate: 0.5,
+                    })
+                },
+            )
+            .unwrap_or_else(|e| panic!("as {role:?}: {e}"));
+            assert_eq!(connected, 1, "as {role:?}");
+            assert_eq!(ran, role == Role::Client, "as {role:?}");
+            assert_eq!(oob.s.input.position() as usize, input.concat().len());
+            let sizes = |v: &[Vec<u8>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+            assert_eq!(sizes(&oob.s.sent), sizes(counterpart), "as {role:?}");
+            // Both zero barriers are zeros; the keys after them are ours.
+            assert_eq!(oob.s.sent[4], [0u8; CM_KEY_MSG]);
+            assert_eq!(oob.s.sent[5], [0u8; CM_KEY_MSG]);
+            assert_eq!(Dest::parse_cm(&oob.s.sent[6]).unwrap(), dest(0x1b));
+            let peer = &out.remote[0];
+            let want_rkey = if role == Role::Client { 0xc77 } else { 0xcc4 };
+            assert_eq!((peer.qpn, peer.rkey), (0x1b, want_rkey), "as {role:?}");
+            if role == Role::Server {
+                // The client's results, as its report messages carried them.
+                assert_eq!(out.report.map(|r| (r.size, r.iters)), Some((4096, 20)));
+            }
+        }
     }
 }

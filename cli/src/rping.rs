@@ -8,10 +8,10 @@
 //! SENDs again; the client checks (`-V`) that the two buffers agree. Each step waits for the
 //! one before, as rping's semaphores do; every message is 16 bytes, as rping checks.
 
+use crate::cmstream::{self, Wcs};
 use crate::ctl::{Client, Fail};
 use clap::Args;
 use serde_json::{Value, json};
-use std::collections::VecDeque;
 use std::io::Write;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -90,46 +90,6 @@ pub fn parse_info(m: &[u8]) -> Option<(u64, u32, u32)> {
         u32::from_be_bytes(m[8..12].try_into().ok()?),
         u32::from_be_bytes(m[12..].try_into().ok()?),
     ))
-}
-
-/// One QP's completions, each kind waited for in turn (the other kind kept).
-struct Wcs<'a> {
-    c: &'a Client,
-    qpn: u32,
-    send: VecDeque<Value>,
-    recv: VecDeque<Value>,
-    wait: Duration,
-}
-
-impl Wcs<'_> {
-    fn next(&mut self, recv: bool, what: &str) -> Result<Value, Fail> {
-        let end = Instant::now() + self.wait;
-        loop {
-            let q = if recv { &mut self.recv } else { &mut self.send };
-            if let Some(w) = q.pop_front() {
-                if w["status"] != "success" {
-                    return Err(Fail(1, format!("{what}: completion {}", w["status"])));
-                }
-                return Ok(w);
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Fail(1, format!("{what}: nothing in {:?}", self.wait)));
-            }
-            let v = self.c.call(
-                "GET",
-                &format!(
-                    "/v1/qps/{}/completions?max=16&wait_ms={}",
-                    self.qpn,
-                    left.as_millis().clamp(1, 1000)
-                ),
-                None,
-            )?;
-            for (k, q) in [("send", &mut self.send), ("recv", &mut self.recv)] {
-                q.extend(v[k].as_array().into_iter().flatten().cloned());
-            }
-        }
-    }
 }
 
 /// The QP, its region, and what a step needs of them.
@@ -252,38 +212,21 @@ fn run(
     base: u64,
     qpn: u32,
 ) -> Result<u8, Fail> {
-    let wait_ms = a.timeout_ms.min(30_000);
+    let wait = Duration::from_millis(a.timeout_ms);
     let conn = if a.server {
-        let listened = c.call(
+        c.call(
             "POST",
             "/v1/cm/listeners",
             Some(json!({"port": a.port, "backlog": 1})),
-        );
-        let r = listened.and_then(|_| {
-            let deadline = Instant::now() + Duration::from_millis(a.timeout_ms);
-            loop {
-                match c.call(
-                    "POST",
-                    "/v1/cm/accept",
-                    Some(json!({"port": a.port, "qpn": qpn, "timeout_ms": wait_ms})),
-                ) {
-                    Err(Fail(_, m)) if m.contains("timed_out") && Instant::now() < deadline => {}
-                    r => break r,
-                }
-            }
-        });
+        )?;
+        let r = cmstream::accept(c, a.port, qpn, wait);
         let _ = c.call("DELETE", &format!("/v1/cm/listeners/{}", a.port), None);
         r?
     } else {
         let peer = a
             .addr
             .ok_or_else(|| Fail(2, "-c needs the server's address (-a)".into()))?;
-        c.call(
-            "POST",
-            "/v1/cm/connect",
-            Some(json!({"qpn": qpn, "peer": peer.to_string(), "port": a.port,
-                        "timeout_ms": wait_ms})),
-        )?
+        cmstream::connect(c, qpn, (peer, a.port), 0, wait)?
     };
     let id = conn["id"].as_u64().unwrap_or(0);
     let mut s = Side {
@@ -292,13 +235,7 @@ fn run(
         key,
         base,
         size: a.size,
-        wcs: Wcs {
-            c,
-            qpn,
-            send: VecDeque::new(),
-            recv: VecDeque::new(),
-            wait: Duration::from_millis(a.timeout_ms),
-        },
+        wcs: Wcs::new(c, qpn, wait),
     };
     let t0 = Instant::now();
     let mut pings = 0u64;

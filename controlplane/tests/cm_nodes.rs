@@ -359,3 +359,69 @@ fn rocectl_rping_client_and_server_check_a_hundred_pings() {
     }
     n.stop();
 }
+
+#[test]
+fn rocectl_perf_connects_through_the_cm_as_perftest_minus_r_does() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmperf", 7678);
+    for (op, server_addr, qps) in [
+        ("write", "10.89.0.2", "1"),
+        ("read", "fd89::2", "1"),
+        ("send", "10.89.0.2", "2"),
+    ] {
+        let common = ["-R", "-n", "300", "-s", "4096", "-q", qps];
+        let (srv, cli) = std::thread::scope(|s| {
+            let srv = s.spawn(|| {
+                let mut args = vec!["perf", op, "bw", "--server"];
+                args.extend(common);
+                rocectl_json("127.0.0.1:7679", &args)
+            });
+            // The client tries until the server listens (its connect is refused before).
+            let mut cli = Value::Null;
+            for _ in 0..100 {
+                let mut args = vec!["--json", "perf", op, "bw", server_addr];
+                args.extend(common);
+                let (code, out, err) = rocectl("127.0.0.1:7678", &args);
+                if code == 0 {
+                    cli = serde_json::from_str(&out).unwrap();
+                    break;
+                }
+                assert!(err.contains("cm_rejected"), "{op}: {err}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (srv.join().expect("perf server"), cli)
+        });
+        // Both ends ran the whole test: the client's figures, and the server's (from the
+        // report exchange, or its own count of the SENDs it took).
+        // (-q QPs run -n each, and perftest counts them all.)
+        let q: u64 = qps.parse().unwrap();
+        assert_eq!(cli["iterations"], 300 * q, "{op}: {cli}");
+        assert!(cli["bw_avg_mb_s"].as_f64().unwrap() > 0.0, "{op}: {cli}");
+        assert_eq!(cli["qps"], q, "{op}: {cli}");
+        assert!(srv["bw_avg_mb_s"].as_f64().unwrap() > 0.0, "{op}: {srv}");
+        // The keys each side printed are the other's.
+        assert_eq!(cli["remote"]["qpn"], srv["local"]["qpn"], "{op}");
+        assert_eq!(srv["remote"]["qpn"], cli["local"]["qpn"], "{op}");
+        // Every connection (the exchange's and one per test QP) ended disconnected.
+        for api in &n.api {
+            let conns = api.ok(api.get("/v1/cm/connections"));
+            let live: Vec<&Value> = conns
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["state"] == "established")
+                .collect();
+            assert!(live.is_empty(), "{op}: {live:?}");
+        }
+    }
+    // Every QP and region the runs made is gone again, and so is the listener.
+    for api in &n.api {
+        let qps = api.ok(api.get("/v1/qps"));
+        assert_eq!(qps.as_array().map(Vec::len), Some(0), "{qps}");
+        let mrs = api.ok(api.get("/v1/mrs"));
+        assert_eq!(mrs.as_array().map(Vec::len), Some(0), "{mrs}");
+        let ls = api.ok(api.get("/v1/cm/listeners"));
+        assert_eq!(ls.as_array().map(Vec::len), Some(0), "{ls}");
+    }
+    n.stop();
+}
