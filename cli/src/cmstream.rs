@@ -111,19 +111,47 @@ pub(crate) fn connect(
 /// Takes the next connection request on `port` (listened on already) for RC QP `qpn`,
 /// waiting up to `timeout` for one (`POST /v1/cm/accept`). Returns the connection.
 pub(crate) fn accept(c: &Client, port: u16, qpn: u32, timeout: Duration) -> Result<Value, Fail> {
+    accept_in(c, port, "tcp", qpn, timeout)
+}
+
+/// [`accept`] in rdma_cm's port space `space` ("tcp", or "udp": a SIDR_REQ answered with
+/// UD QP `qpn`).
+pub(crate) fn accept_in(
+    c: &Client,
+    port: u16,
+    space: &str,
+    qpn: u32,
+    timeout: Duration,
+) -> Result<Value, Fail> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match c.call(
             "POST",
             "/v1/cm/accept",
-            Some(json!({"port": port, "qpn": qpn,
+            Some(json!({"port": port, "qpn": qpn, "space": space,
                         "timeout_ms": (left.as_millis() as u64).clamp(1, CALL_WAIT_MS)})),
         ) {
             Err(Fail(_, m)) if m.contains("timed_out") && Instant::now() < deadline => {}
             r => return r,
         }
     }
+}
+
+/// Asks whoever listens on `peer`:`port` of rdma_cm's UDP port space for its UD QP (SIDR,
+/// `POST /v1/cm/resolve`), for up to `timeout`: the answer has `remote_qpn` and `remote_qkey`.
+pub(crate) fn resolve(
+    c: &Client,
+    qpn: u32,
+    (peer, port): (IpAddr, u16),
+    timeout: Duration,
+) -> Result<Value, Fail> {
+    c.call(
+        "POST",
+        "/v1/cm/resolve",
+        Some(json!({"qpn": qpn, "peer": peer.to_string(), "port": port,
+                    "timeout_ms": (timeout.as_millis() as u64).clamp(1, CALL_WAIT_MS * 3)})),
+    )
 }
 
 /// Bytes of one message slot in the exchange's region; perftest's messages are 56 at most.

@@ -7,3 +7,5 @@ pub mod perftest;
 pub mod pingpong;
 pub mod rping;
 pub mod setup;
+pub mod ucmatose;
+pub mod udaddy;

@@ -272,33 +272,43 @@ pub fn document() -> Value {
     let cm_id = || path_param("id", "the connection's communication ID");
     let cm_port = || {
         json!({"name": "port", "in": "path", "required": true,
-        "description": "the port listened on (rdma_cm's TCP port space)",
+        "description": "the port listened on",
         "schema": {"type": "integer", "minimum": 0, "maximum": 65535}})
     };
+    let cm_space = json!({"type": "string", "enum": ["tcp", "udp"],
+        "description": "rdma_cm's port space: tcp (RC connections, the default) or udp (UD services resolved by SIDR)"});
+    let cm_space_query = json!({"name": "space", "in": "query", "required": false,
+        "description": "the listener's port space (default tcp)", "schema": cm_space.clone()});
     let cm_wait = json!({"type": "integer", "minimum": 0, "maximum": crate::api::MAX_CM_WAIT_MS,
         "description": "wait up to this long for the peer (default 10000)"});
     let cm_listeners_path = json!({
         "get": op("The CM's listeners: port, service ID, backlog and REQs waiting for an accept", vec![], None,
             json_ok(200, "listeners", json!({"type": "array", "items": r("CmListener")}), &[])),
-        "post": op("Listen on a port of rdma_cm's TCP port space (rdma_listen): REQs for it wait, up to backlog, for an accept; one past it is rejected (no resources)",
+        "post": op("Listen on a port of one of rdma_cm's port spaces (rdma_listen): REQs (udp: SIDR_REQs) for it wait, up to backlog, for an accept; one past it is rejected (no resources; udp: SIDR status no QP)",
             vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["port"],
                 "properties": {"port": {"type": "integer", "minimum": 0, "maximum": 65535},
-                               "backlog": {"type": "integer", "minimum": 1, "maximum": crate::rdma::MAX_BACKLOG}}}))),
+                               "backlog": {"type": "integer", "minimum": 1, "maximum": crate::rdma::MAX_BACKLOG},
+                               "space": cm_space.clone()}}))),
             json_ok(201, "the listener", r("CmListener"), &[400, 409, 500, 503]))
     });
     let cm_paths = json!({
-        "unlisten": {"delete": op("Stop listening; REQs still waiting are rejected", vec![cm_port()], None,
+        "unlisten": {"delete": op("Stop listening; REQs still waiting are rejected", vec![cm_port(), cm_space_query], None,
             deleted("no longer listening", &[400, 404, 503]))},
         "connect": {"post": op("Connect an RC QP in RESET to whoever listens on peer:port (rdma_resolve_addr, rdma_resolve_route, rdma_connect): the REQ carries rdma_cm's header, the QP goes to RTS with what the REP carries, the RTU is sent",
             vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpn", "peer", "port"],
                 "properties": {"qpn": u32s, "peer": {"type": "string", "description": "the peer's IPv4 or IPv6 address"},
                                "port": {"type": "integer", "minimum": 0, "maximum": 65535}, "timeout_ms": cm_wait}}))),
             json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
-        "accept": {"post": op("Take the oldest REQ waiting on a listened port (waiting for one), move an RC QP in RESET to RTS with what it carries, answer with a REP and wait for the RTU (rdma_get_cm_event, rdma_accept)",
+        "accept": {"post": op("Take the oldest REQ waiting on a listened port (waiting for one), move an RC QP in RESET to RTS with what it carries, answer with a REP and wait for the RTU (rdma_get_cm_event, rdma_accept). With space udp: the oldest SIDR_REQ, answered with a UD QP (brought from RESET to RTS with Q_Key 0x01234567) and its Q_Key",
             vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["port", "qpn"],
                 "properties": {"port": {"type": "integer", "minimum": 0, "maximum": 65535}, "qpn": u32s,
-                               "timeout_ms": cm_wait}}))),
-            json_ok(201, "the connection, established", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
+                               "timeout_ms": cm_wait, "space": cm_space}}))),
+            json_ok(201, "the connection, established (udp: resolved)", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
+        "resolve": {"post": op("Ask whoever listens on peer:port of rdma_cm's UDP port space which UD QP serves it (SIDR, as rdma_connect on a UD rdma_cm ID): a SIDR_REQ with rdma_cm's header; the answer's remote_qpn and remote_qkey are where to send. A UD QP in RESET goes to RTS with Q_Key 0x01234567",
+            vec![], Some(body(json!({"type": "object", "additionalProperties": false, "required": ["qpn", "peer", "port"],
+                "properties": {"qpn": u32s, "peer": {"type": "string", "description": "the peer's IPv4 or IPv6 address"},
+                               "port": {"type": "integer", "minimum": 0, "maximum": 65535}, "timeout_ms": cm_wait}}))),
+            json_ok(201, "the request, resolved", r("CmConnection"), &[400, 404, 408, 409, 500, 503]))},
         "connections": {"get": op("The CM connections the node remembers, with their state", vec![], None,
             json_ok(200, "connections", json!({"type": "array", "items": r("CmConnection")}), &[]))},
         "connection": {
@@ -481,6 +491,7 @@ pub fn document() -> Value {
             "/v1/cm/listeners/{port}": cm_paths["unlisten"],
             "/v1/cm/connect": cm_paths["connect"],
             "/v1/cm/accept": cm_paths["accept"],
+            "/v1/cm/resolve": cm_paths["resolve"],
             "/v1/cm/connections": cm_paths["connections"],
             "/v1/cm/connections/{id}": cm_paths["connection"],
             "/v1/stats": {"get": op("Per-lcore counters (rxe/mlx5 names) and poll-loop counters", vec![], None,
@@ -511,16 +522,19 @@ pub fn document() -> Value {
                 "lkey": u32s, "rkey": u32s, "addr": u64s, "length": {"type": "integer"},
                 "access": {"type": "array", "items": {"type": "string"}}, "hugepage": {"type": "boolean"}, "zero_copy": {"type": "boolean"},
                 "pdn": u32s}},
-            "CmListener": {"type": "object", "required": ["port", "service_id", "backlog", "waiting"], "properties": {
-                "port": {"type": "integer"}, "service_id": {"type": "string"},
+            "CmListener": {"type": "object", "required": ["port", "space", "service_id", "backlog", "waiting"], "properties": {
+                "port": {"type": "integer"}, "space": {"type": "string", "enum": ["tcp", "udp"]}, "service_id": {"type": "string"},
                 "backlog": {"type": "integer"}, "waiting": {"type": "integer"}}},
-            "CmConnection": {"type": "object", "required": ["id", "role", "state", "port", "peer", "age_ms"], "properties": {
+            "CmConnection": {"type": "object", "required": ["id", "role", "space", "state", "port", "peer", "age_ms"], "properties": {
                 "id": u32s, "role": {"type": "string", "enum": ["active", "passive"]},
+                "space": {"type": "string", "enum": ["tcp", "udp"]},
                 "state": {"type": "string", "enum": ["requested", "accepting", "connecting", "replied",
-                    "rep_sent", "established", "rejected", "unreachable", "disconnected", "gone"]},
+                    "rep_sent", "established", "rejected", "unreachable", "disconnected", "gone",
+                    "resolving", "resolved", "refused"]},
                 "port": {"type": "integer"}, "peer": {"type": "string"},
                 "peer_port": {"type": "integer", "nullable": true}, "qpn": {"type": "integer", "nullable": true},
                 "remote_qpn": {"type": "integer", "nullable": true},
+                "remote_qkey": {"type": "integer", "nullable": true},
                 "reject_reason": {"type": "string", "nullable": true}, "age_ms": {"type": "integer"}}},
             "Pd": {"type": "object", "required": ["pdn", "mrs", "qps"], "properties": {
                 "pdn": u32s, "mrs": {"type": "integer"}, "qps": {"type": "integer"}}},

@@ -425,3 +425,180 @@ fn rocectl_perf_connects_through_the_cm_as_perftest_minus_r_does() {
     }
     n.stop();
 }
+
+#[test]
+fn rocectl_ucmatose_sends_both_ways_and_the_server_disconnects() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmatose", 7682);
+    for (server_addr, count, size) in [("10.89.0.2", "10", "100"), ("fd89::2", "30", "5000")] {
+        let (srv, cli) = std::thread::scope(|s| {
+            let srv =
+                s.spawn(|| rocectl_json("127.0.0.1:7683", &["ucmatose", "-C", count, "-S", size]));
+            let mut cli = Value::Null;
+            for _ in 0..100 {
+                let (code, out, err) = rocectl(
+                    "127.0.0.1:7682",
+                    &[
+                        "--json",
+                        "ucmatose",
+                        "-s",
+                        server_addr,
+                        "-C",
+                        count,
+                        "-S",
+                        size,
+                    ],
+                );
+                if code == 0 {
+                    cli = serde_json::from_str(&out).unwrap();
+                    break;
+                }
+                assert!(err.contains("cm_rejected"), "{err}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (srv.join().expect("ucmatose server"), cli)
+        });
+        assert_eq!(
+            cli["messages"].as_u64().map(|m| m.to_string()),
+            Some(count.into()),
+            "{cli}"
+        );
+        assert_eq!(cli["connection"]["remote_qpn"], srv["qpn"], "{cli} {srv}");
+        assert_eq!(srv["connection"]["remote_qpn"], cli["qpn"], "{cli} {srv}");
+        // Both ends of the connection are down: the server's DREQ, answered.
+        for (api, c) in [(&n.api[0], &cli), (&n.api[1], &srv)] {
+            let id = c["connection"]["id"].as_u64().unwrap();
+            let v = until(api, &format!("/v1/cm/connections/{id}"), 5, |v| {
+                v["state"] != "established"
+            });
+            assert_ne!(v["state"], "established", "{v}");
+        }
+    }
+    for api in &n.api {
+        let qps = api.ok(api.get("/v1/qps"));
+        assert_eq!(qps.as_array().map(Vec::len), Some(0), "{qps}");
+    }
+    n.stop();
+}
+
+#[test]
+fn sidr_resolves_udp_services_and_rocectl_udaddy_runs_both_ways() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmsidr", 7680);
+    // Nobody listens on UDP 7999: the SIDR_REP says so (status 1), and the call is refused.
+    let ud = n.api[0].ok(n.api[0].post("/v1/qps", json!({"type": "UD"})));
+    let ud = ud["qpn"].as_u64().unwrap() as u32;
+    let (s, e) = n.api[0].post(
+        "/v1/cm/resolve",
+        json!({"qpn": ud, "peer": "10.89.0.2", "port": 7999, "timeout_ms": 5000}),
+    );
+    assert_eq!((s, e["code"].as_str()), (409, Some("cm_rejected")), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("SIDR status 1"),
+        "{e}"
+    );
+    // The QP was brought to RTS with rdma_cm's UDP Q_Key on the way.
+    let q = n.api[0].ok(n.api[0].get(&format!("/v1/qps/{ud}")));
+    assert_eq!(
+        (q["state"].as_str(), q["qkey"].as_u64()),
+        (Some("RTS"), Some(0x0123_4567)),
+        "{q}"
+    );
+    // An RC QP cannot serve SIDR; a TCP listener is not a UDP one.
+    let rc = create_qp(&n.api[0], None);
+    let (s, e) = n.api[0].post(
+        "/v1/cm/resolve",
+        json!({"qpn": rc, "peer": "10.89.0.2", "port": 7999}),
+    );
+    assert_eq!((s, e["code"].as_str()), (400, Some("bad_qp")), "{e}");
+    let l = n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7998, "space": "udp"})));
+    assert_eq!(
+        (l["space"].as_str(), l["service_id"].as_str()),
+        (Some("udp"), Some("0x0000000001111f3e")),
+        "{l}"
+    );
+    let (s, _) = n.api[1].post(
+        "/v1/cm/accept",
+        json!({"port": 7998, "qpn": 1, "timeout_ms": 10}),
+    );
+    assert_eq!(s, 404, "no TCP listener on 7998");
+    // A resolve that an accept answers: the peer's QPN and Q_Key come back.
+    let udb = n.api[1].ok(n.api[1].post("/v1/qps", json!({"type": "UD"})));
+    let udb = udb["qpn"].as_u64().unwrap() as u32;
+    let (a, b) = std::thread::scope(|s| {
+        let b = s.spawn(|| {
+            n.api[1].post(
+                "/v1/cm/accept",
+                json!({"port": 7998, "space": "udp", "qpn": udb, "timeout_ms": 20000}),
+            )
+        });
+        let a = n.api[0].post(
+            "/v1/cm/resolve",
+            json!({"qpn": ud, "peer": "fd89::2", "port": 7998, "timeout_ms": 20000}),
+        );
+        (n.api[0].ok(a), n.api[1].ok(b.join().unwrap()))
+    });
+    assert_eq!(
+        (a["state"].as_str(), a["space"].as_str()),
+        (Some("resolved"), Some("udp")),
+        "{a}"
+    );
+    assert_eq!(a["remote_qpn"], udb, "{a}");
+    assert_eq!(a["remote_qkey"], 0x0123_4567, "{a}");
+    assert_eq!(
+        (b["state"].as_str(), b["qpn"].as_u64()),
+        (Some("resolved"), Some(u64::from(udb))),
+        "{b}"
+    );
+    n.api[1].ok(n.api[1].delete("/v1/cm/listeners/7998?space=udp"));
+    for (api, q) in [(&n.api[0], ud), (&n.api[0], rc), (&n.api[1], udb)] {
+        api.ok(api.delete(&format!("/v1/qps/{q}")));
+    }
+    // rocectl udaddy, client and server, over IPv4 and IPv6.
+    for (server_addr, count, size) in [("10.89.0.2", "10", "100"), ("fd89::2", "50", "1000")] {
+        let (srv, cli) = std::thread::scope(|s| {
+            let srv =
+                s.spawn(|| rocectl_json("127.0.0.1:7681", &["udaddy", "-C", count, "-S", size]));
+            // The client tries until the server listens (SIDR status 1 before).
+            let mut cli = Value::Null;
+            for _ in 0..100 {
+                let (code, out, err) = rocectl(
+                    "127.0.0.1:7680",
+                    &[
+                        "--json",
+                        "udaddy",
+                        "-s",
+                        server_addr,
+                        "-C",
+                        count,
+                        "-S",
+                        size,
+                    ],
+                );
+                if code == 0 {
+                    cli = serde_json::from_str(&out).unwrap();
+                    break;
+                }
+                assert!(err.contains("SIDR status 1"), "{err}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (srv.join().expect("udaddy server"), cli)
+        });
+        assert_eq!(
+            cli["messages"].as_u64().map(|m| m.to_string()),
+            Some(count.into()),
+            "{cli}"
+        );
+        // Each side's messages named its QP, and the other side heard it.
+        assert_eq!(cli["peer_qpn"], srv["qpn"], "{cli} {srv}");
+        assert_eq!(srv["peer_qpn"], cli["qpn"], "{cli} {srv}");
+        assert_eq!(cli["connection"]["remote_qpn"], srv["qpn"], "{cli}");
+    }
+    for api in &n.api {
+        let qps = api.ok(api.get("/v1/qps"));
+        assert_eq!(qps.as_array().map(Vec::len), Some(0), "{qps}");
+        let ls = api.ok(api.get("/v1/cm/listeners"));
+        assert_eq!(ls.as_array().map(Vec::len), Some(0), "{ls}");
+    }
+    n.stop();
+}

@@ -249,6 +249,13 @@ CM_CASES = [
     # match to an IPv6 REQ (cma_match_private_data), so ib_cm rejects it. These rows show
     # that limit as it stands, with ferroce's side counted.
     dict(name="cm ipv6 write_bw -R (perftest: IPv4 only)", kind="perftest_v6"),
+    # udaddy both ways: SIDR on QP1 finds the server's UD QP, then 10 datagrams of 100 bytes
+    # each way (udaddy's fixed port 7174 in rdma_cm's UDP port space).
+    dict(name="cm udaddy", kind="udaddy", v6=False),
+    dict(name="cm ipv6 udaddy", kind="udaddy", v6=True),
+    # ucmatose both ways: one RC connection, 10 SENDs of 100 bytes each way, the server's DREQ.
+    dict(name="cm ucmatose", kind="ucmatose", v6=False),
+    dict(name="cm ipv6 ucmatose", kind="ucmatose", v6=True),
 ]
 
 
@@ -330,6 +337,72 @@ def perftest_v6_rows(vm, c):
                  if ok else "exit %d, %d MADs back: %s" % (r.returncode, got,
                                                          r.stderr.strip()[-300:]),
                  r.stdout + r.stderr, srv))
+    return rows
+
+
+def example_rows(vm, c):
+    """rocectl udaddy (ucmatose) against the VM's udaddy (ucmatose), each as client and as
+    server: both ends' whole test, exit 0 and 'return status 0'."""
+    tool = c["kind"]
+    port = {"udaddy": 7174, "ucmatose": 7471}[tool]
+    what = {"udaddy": "SIDR to", "ucmatose": "connected to"}[tool]
+    vip = vm.ip6 if c["v6"] else vm.ip
+    fip = peer.FERROCE_IP6 if c["v6"] else peer.FERROCE_IP
+    done = re.compile(r"^data transfers complete$.*^return status 0$", re.M | re.S)
+    rows = []
+    # ferroce's client, the VM's server (bound to its address, so an IPv6 request matches).
+    log = "/tmp/%s-s.log" % tool
+    vm_background(vm, "timeout -k 5 60 %s -b %s -C 10 -S 100" % (tool, vip), log)
+    for _ in range(60):
+        rc, _ = vm.run("rdma resource show cm_id | grep LISTEN | grep -q ':%d'" % port, 10)
+        if rc == 0:
+            break
+        time.sleep(0.3)
+    t = time.time()
+    r = ctl("--json %s -s %s -C 10 -S 100 --timeout-ms 20000" % (tool, vip), check=False,
+            timeout=60)
+    took = time.time() - t
+    vout = vm_log_until(vm, log, "EXIT=", 20)
+    try:
+        res = json.loads(r.stdout)
+    except ValueError:
+        res = {}
+    ok = (r.returncode == 0 and res.get("messages") == 10 and exit_of(vout) == "0"
+          and done.search(vout) is not None)
+    rows.append(("rocectl %s -s -> rxe %s" % (tool, tool), ok,
+                 "%s rxe QP %s, 10 x 100 B each way in %.1fs" % (
+                     what, res.get("connection", {}).get("remote_qpn"), took) if ok else
+                 "exit %d / rxe %s: %s" % (r.returncode, exit_of(vout),
+                                           (r.stdout + r.stderr).strip()[-300:]),
+                 r.stdout + r.stderr, vout))
+    vm.run("kill $(pidof %s) 2>/dev/null" % tool, 10)
+    # The VM's client, ferroce's server.
+    p = subprocess.Popen(["ip", "netns", "exec", peer.NS, ROCECTL, "--api", API, "--json",
+                          tool, "-C", "10", "-S", "100", "--timeout-ms", "20000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(100):
+        if '"port":%d' % port in ctl("--json cm listeners", check=False).stdout.replace(" ", ""):
+            break
+        time.sleep(0.1)
+    t = time.time()
+    _, vout = vm.run("timeout -k 5 60 %s -s %s -C 10 -S 100; echo EXIT=$?" % (tool, fip), 90)
+    took = time.time() - t
+    try:
+        fout = p.communicate(timeout=40)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fout = p.communicate()[0] + "\n(rocectl killed: no exit)"
+    try:
+        res = json.loads(fout)
+    except ValueError:
+        res = {}
+    ok = (p.returncode == 0 and res.get("messages") == 10 and exit_of(vout) == "0"
+          and done.search(vout) is not None)
+    rows.append(("rxe %s -s -> rocectl %s" % (tool, tool), ok,
+                 "%s ferroce QP %s, 10 x 100 B each way in %.1fs" % (what, res.get("qpn"), took)
+                 if ok else "exit %s / rocectl %s: %s" % (exit_of(vout), p.returncode,
+                                                          vout.strip()[-300:]),
+                 fout, vout))
     return rows
 
 
@@ -765,6 +838,8 @@ def main():
                 if c in CM_CASES:
                     results = (rping_rows(vm, c) if c.get("kind") == "rping"
                                else perftest_v6_rows(vm, c) if c.get("kind") == "perftest_v6"
+                               else example_rows(vm, c) if c.get("kind") in ("udaddy",
+                                                                             "ucmatose")
                                else cm_connection_rows(vm, c) if c.get("kind")
                                else run_cm_case(vm, c))
                     for roles, ok, why, fout, rout in results:

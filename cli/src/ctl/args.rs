@@ -136,6 +136,24 @@ pub enum Cmd {
     ///   rocectl rping -c -a 10.233.0.11 -C 100 -V -v
     #[command(verbatim_doc_comment)]
     Rping(crate::rping::RpingArgs),
+    /// librdmacm's udaddy on this node, against an unmodified `udaddy` or another `rocectl
+    /// udaddy`: the server's UD QP found by SIDR (rdma_cm's UDP port space), then -C
+    /// datagrams of -S bytes each way.
+    ///
+    /// Examples:
+    ///   rocectl udaddy                      # serve on port 7174
+    ///   rocectl udaddy -s 10.233.0.11 -C 10 -S 100
+    #[command(verbatim_doc_comment)]
+    Udaddy(crate::udaddy::UdaddyArgs),
+    /// librdmacm's ucmatose on this node, against an unmodified `ucmatose` or another
+    /// `rocectl ucmatose`: one RC connection by the RDMA CM, -C SENDs of -S bytes each way,
+    /// then the server's disconnect.
+    ///
+    /// Examples:
+    ///   rocectl ucmatose                      # serve on port 7471
+    ///   rocectl ucmatose -s 10.233.0.11 -C 10 -S 100
+    #[command(verbatim_doc_comment)]
+    Ucmatose(crate::ucmatose::UcmatoseArgs),
     /// Print shell completions for rocectl (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -468,16 +486,22 @@ pub enum CqVerb {
 pub enum CmVerb {
     /// Listen on a port (rdma_listen): requests wait, up to the backlog, for `cm accept`.
     Listen {
-        /// The port (rdma_cm's TCP port space).
+        /// The port (rdma_cm's TCP port space; with --udp its UDP one).
         port: u16,
         /// Requests held unaccepted at most (1 to 1024; past it they are rejected).
         #[arg(long)]
         backlog: Option<usize>,
+        /// Listen in rdma_cm's UDP port space: SIDR_REQs for a UD service (udaddy's).
+        #[arg(long)]
+        udp: bool,
     },
     /// Stop listening on a port; requests still waiting are rejected.
     Unlisten {
         /// The port.
         port: u16,
+        /// The port of rdma_cm's UDP port space.
+        #[arg(long)]
+        udp: bool,
     },
     /// The ports listened on, with the requests waiting on each.
     Listeners,

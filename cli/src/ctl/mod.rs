@@ -54,6 +54,8 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         Cmd::Perf(a) => return crate::perf::perf(&c, a, cli.json, out),
         Cmd::Pingpong(a) => return crate::pingpong::pingpong(&c, a, cli.json, out),
         Cmd::Rping(a) => return crate::rping::rping(&c, a, cli.json, out),
+        Cmd::Udaddy(a) => return crate::udaddy::udaddy(&c, a, cli.json, out),
+        Cmd::Ucmatose(a) => return crate::ucmatose::ucmatose(&c, a, cli.json, out),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "rocectl", out);
@@ -333,19 +335,25 @@ fn execute(cli: &Cli, out: &mut dyn Write) -> Result<u8, Fail> {
         },
         Cmd::Cm { verb } => {
             let (v, table): (Value, tables::Table) = match verb {
-                CmVerb::Listen { port, backlog } => (
+                CmVerb::Listen { port, backlog, udp } => (
                     c.call(
                         "POST",
                         "/v1/cm/listeners",
                         Some(object(&[
                             ("port", json!(port)),
                             ("backlog", json!(backlog)),
+                            ("space", json!(if *udp { "udp" } else { "tcp" })),
                         ])),
                     )?,
                     tables::cm_listener_table,
                 ),
-                CmVerb::Unlisten { port } => {
-                    c.call("DELETE", &format!("/v1/cm/listeners/{port}"), None)?;
+                CmVerb::Unlisten { port, udp } => {
+                    let space = if *udp { "udp" } else { "tcp" };
+                    c.call(
+                        "DELETE",
+                        &format!("/v1/cm/listeners/{port}?space={space}"),
+                        None,
+                    )?;
                     // What is still listened on.
                     (
                         c.call("GET", "/v1/cm/listeners", None)?,

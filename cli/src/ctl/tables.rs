@@ -214,10 +214,11 @@ pub(super) fn qp_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<(
 pub(super) fn cm_listener_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<()> {
     table(
         out,
-        &["port", "service-id", "backlog", "waiting"],
+        &["port", "space", "service-id", "backlog", "waiting"],
         list.iter().map(|l| {
             vec![
                 s(&l["port"]),
+                s(&l["space"]),
                 s(&l["service_id"]),
                 s(&l["backlog"]),
                 s(&l["waiting"]),
@@ -230,7 +231,7 @@ pub(super) fn cm_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<(
     table(
         out,
         &[
-            "id", "role", "state", "port", "peer", "lqpn", "rqpn", "reason",
+            "id", "role", "space", "state", "port", "peer", "lqpn", "rqpn", "reason",
         ],
         list.iter().map(|c| {
             let peer = match (&c["peer"], c["peer_port"].as_u64()) {
@@ -243,6 +244,7 @@ pub(super) fn cm_table(out: &mut dyn Write, list: &[Value]) -> std::io::Result<(
             vec![
                 s(&c["id"]),
                 s(&c["role"]),
+                s(&c["space"]),
                 s(&c["state"]),
                 s(&c["port"]),
                 peer,

@@ -1,7 +1,7 @@
 //! RDMA CM: listeners, connects and accepts over QP1, and the connections they made.
 
 use super::*;
-use crate::rdma::MAX_BACKLOG;
+use crate::rdma::{CmSpace, MAX_BACKLOG};
 
 /// The longest a connect or accept waits for its peer (the documented limit).
 pub const MAX_CM_WAIT_MS: u64 = 30_000;
@@ -13,6 +13,15 @@ struct ListenBody {
     port: u16,
     #[serde(default)]
     backlog: Option<usize>,
+    #[serde(default)]
+    space: CmSpace,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SpaceQuery {
+    #[serde(default)]
+    space: CmSpace,
 }
 
 #[derive(Deserialize)]
@@ -32,6 +41,8 @@ struct AcceptBody {
     qpn: u32,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    space: CmSpace,
 }
 
 fn wait_of(ms: Option<u64>) -> Result<Duration, ApiError> {
@@ -58,7 +69,7 @@ pub(super) async fn cm_listen(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply
             format!("backlog must be 1 to {MAX_BACKLOG}"),
         ));
     }
-    let l = blocking(move || s.rdma.cm_listen(b.port, backlog)).await?;
+    let l = blocking(move || s.rdma.cm_listen(b.port, b.space, backlog)).await?;
     created(json!(l))
 }
 
@@ -66,9 +77,14 @@ pub(super) async fn cm_listeners(State(s): State<Arc<ApiState>>) -> Reply {
     ok(json!(s.rdma.cm_listeners()))
 }
 
-pub(super) async fn cm_unlisten(State(s): State<Arc<ApiState>>, Path(p): Path<String>) -> Reply {
+pub(super) async fn cm_unlisten(
+    State(s): State<Arc<ApiState>>,
+    Path(p): Path<String>,
+    q: Result<Query<SpaceQuery>, QueryRejection>,
+) -> Reply {
     let port = port16(&p)?;
-    blocking(move || s.rdma.cm_unlisten(port)).await?;
+    let space = query(q)?.space;
+    blocking(move || s.rdma.cm_unlisten(port, space)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -83,7 +99,16 @@ pub(super) async fn cm_connect(State(s): State<Arc<ApiState>>, b: Bytes) -> Repl
 pub(super) async fn cm_accept(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let b: AcceptBody = body(&b)?;
     let wait = wait_of(b.timeout_ms)?;
-    let c = blocking(move || s.rdma.cm_accept(b.port, b.qpn, wait)).await?;
+    let c = blocking(move || s.rdma.cm_accept(b.port, b.space, b.qpn, wait)).await?;
+    created(json!(c))
+}
+
+/// A UD service's QP by SIDR (rdma_cm's UDP port space): the body of a connect.
+pub(super) async fn cm_resolve(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
+    let b: ConnectBody = body(&b)?;
+    let peer = parse_gid(&b.peer)?;
+    let wait = wait_of(b.timeout_ms)?;
+    let c = blocking(move || s.rdma.cm_resolve(b.qpn, peer, b.port, wait)).await?;
     created(json!(c))
 }
 

@@ -146,6 +146,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         )
         .route("/v1/cm/connect", post(cm_connect))
         .route("/v1/cm/accept", post(cm_accept))
+        .route("/v1/cm/resolve", post(cm_resolve))
         .route("/v1/cm/connections", get(cm_connections))
         .route(
             "/v1/cm/connections/{id}",

@@ -23,7 +23,9 @@ use dataplane::transport::cm::{
 };
 use dataplane::transport::gsi::PeerPath;
 use dataplane::transport::mr::Access;
-use dataplane::wire::cm::{CmaHeader, PortSpace, RejReason, Rep, Req, split_service_id};
+use dataplane::wire::cm::{
+    CmaHeader, PortSpace, RejReason, Rep, Req, SidrStatus, split_service_id,
+};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -39,6 +41,44 @@ const ACK_TIMEOUT: u8 = 14;
 const MIN_RNR_TIMER: u8 = 12;
 /// The longest a connect or accept waits, whatever the caller asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// The Q_Key rdma_cm gives the UD QPs of its UDP port space (`RDMA_UDP_QKEY`).
+pub const UDP_QKEY: u32 = 0x0123_4567;
+
+/// rdma_cm's port spaces the node serves: RC connections, and UD services resolved by SIDR.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CmSpace {
+    /// RDMA_PS_TCP: RC QPs, REQ/REP/RTU (rping, perftest -R).
+    #[default]
+    Tcp,
+    /// RDMA_PS_UDP: UD QPs, SIDR_REQ/SIDR_REP (udaddy).
+    Udp,
+}
+
+impl CmSpace {
+    /// The service ID of `port` in this space.
+    pub fn service_id(self, port: u16) -> u64 {
+        dataplane::wire::cm::service_id(
+            match self {
+                CmSpace::Tcp => PortSpace::Tcp,
+                CmSpace::Udp => PortSpace::Udp,
+            },
+            port,
+        )
+    }
+}
 
 /// Which side of a connection the node is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -59,6 +99,14 @@ enum Phase {
     Accepting,
     /// Active: the REQ is out.
     Connecting,
+    /// Passive SIDR: a SIDR_REQ waits in a listener's backlog.
+    SidrRequested,
+    /// Active SIDR: the SIDR_REQ is out.
+    Resolving,
+    /// SIDR: answered with a UD QP (ours when passive, the peer's when active).
+    Resolved,
+    /// SIDR: the peer answered with a status other than OK.
+    SidrRefused(SidrStatus),
     /// Active: the REP came.
     Replied(Rep),
     /// Passive: REP sent, waiting for the RTU.
@@ -81,6 +129,10 @@ impl Phase {
             Phase::Requested(_) => "requested",
             Phase::Accepting => "accepting",
             Phase::Connecting => "connecting",
+            Phase::SidrRequested => "requested",
+            Phase::Resolving => "resolving",
+            Phase::Resolved => "resolved",
+            Phase::SidrRefused(_) => "refused",
             Phase::Replied(_) => "replied",
             Phase::RepSent => "rep_sent",
             Phase::Established => "established",
@@ -94,7 +146,12 @@ impl Phase {
     fn finished(&self) -> bool {
         matches!(
             self,
-            Phase::Rejected(_) | Phase::Unreachable | Phase::Disconnected | Phase::Gone
+            Phase::Rejected(_)
+                | Phase::Unreachable
+                | Phase::Disconnected
+                | Phase::Gone
+                | Phase::Resolved
+                | Phase::SidrRefused(_)
         )
     }
 }
@@ -102,13 +159,16 @@ impl Phase {
 #[derive(Clone, Copy, Debug)]
 struct Conn {
     role: CmRole,
-    /// The service's port (TCP port space).
+    space: CmSpace,
+    /// The service's port.
     port: u16,
     peer: IpAddr,
     /// The peer's source port, from its rdma_cm header (passive).
     peer_port: Option<u16>,
     qpn: Option<u32>,
     remote_qpn: Option<u32>,
+    /// The peer's UD QP's Q_Key (active SIDR).
+    remote_qkey: Option<u32>,
     phase: Phase,
     since: Instant,
 }
@@ -120,8 +180,10 @@ pub struct CmConnInfo {
     pub id: u32,
     /// Active or passive.
     pub role: CmRole,
+    /// rdma_cm's port space: tcp (an RC connection) or udp (a UD service resolved by SIDR).
+    pub space: CmSpace,
     /// requested, accepting, connecting, replied, rep_sent, established, rejected,
-    /// unreachable, disconnected or gone.
+    /// unreachable, disconnected or gone; for SIDR requested, resolving, resolved or refused.
     pub state: &'static str,
     /// The service's port.
     pub port: u16,
@@ -133,7 +195,9 @@ pub struct CmConnInfo {
     pub qpn: Option<u32>,
     /// The peer's QP.
     pub remote_qpn: Option<u32>,
-    /// Why it was refused, for a rejected one.
+    /// The peer's UD QP's Q_Key (a SIDR resolve's answer).
+    pub remote_qkey: Option<u32>,
+    /// Why it was refused, for a rejected one (for SIDR, the SIDR_REP's status code).
     pub reject_reason: Option<&'static str>,
     /// Milliseconds since its last change.
     pub age_ms: u64,
@@ -142,8 +206,10 @@ pub struct CmConnInfo {
 /// A listener as the node lists it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CmListenerInfo {
-    /// The port listened on (rdma_cm's TCP port space).
+    /// The port listened on.
     pub port: u16,
+    /// Its port space.
+    pub space: CmSpace,
     /// Its service ID.
     pub service_id: String,
     /// REQs it holds at most unaccepted.
@@ -155,8 +221,8 @@ pub struct CmListenerInfo {
 #[derive(Default)]
 struct Book {
     conns: BTreeMap<u32, Conn>,
-    /// Port -> (backlog bound, REQs waiting, oldest first).
-    listeners: BTreeMap<u16, (usize, VecDeque<u32>)>,
+    /// (Space, port) -> (backlog bound, REQs or SIDR_REQs waiting, oldest first).
+    listeners: BTreeMap<(CmSpace, u16), (usize, VecDeque<u32>)>,
 }
 
 impl Conn {
@@ -165,14 +231,17 @@ impl Conn {
         CmConnInfo {
             id,
             role: c.role,
+            space: c.space,
             state: c.phase.name(),
             port: c.port,
             peer: c.peer,
             peer_port: c.peer_port,
             qpn: c.qpn,
             remote_qpn: c.remote_qpn,
+            remote_qkey: c.remote_qkey,
             reject_reason: match c.phase {
                 Phase::Rejected(r) => Some(r.name()),
+                Phase::SidrRefused(st) => Some(sidr_status_name(st)),
                 _ => None,
             },
             age_ms: now.saturating_duration_since(c.since).as_millis() as u64,
@@ -265,6 +334,17 @@ impl CmShared {
         });
     }
 
+    /// Answers SIDR request `conn` with `status` and no QP (a listener past its backlog, an
+    /// accept that failed).
+    fn sidr_refuse(&self, conn: u32, status: SidrStatus) {
+        self.tell(0, move |h, now| {
+            if let Some(g) = h.gsi.as_mut() {
+                let _ = g.cm.sidr_reply(now, ConnId(conn), status, 0, 0);
+                g.rearm();
+            }
+        });
+    }
+
     /// One event from the CM into the book.
     fn apply(&self, e: Event) {
         let now = Instant::now();
@@ -279,7 +359,7 @@ impl CmShared {
                         return;
                     }
                 };
-                let room = match b.listeners.get_mut(&port) {
+                let room = match b.listeners.get_mut(&(CmSpace::Tcp, port)) {
                     Some((max, q)) if q.len() < *max => {
                         q.push_back(conn.0);
                         true
@@ -295,11 +375,13 @@ impl CmShared {
                     conn.0,
                     Conn {
                         role: CmRole::Passive,
+                        space: CmSpace::Tcp,
                         port,
                         peer,
                         peer_port: CmaHeader::parse(&req.private_data).ok().map(|h| h.src_port),
                         qpn: None,
                         remote_qpn: Some(req.local_qpn),
+                        remote_qkey: None,
                         phase: Phase::Requested(req),
                         since: now,
                     },
@@ -338,10 +420,59 @@ impl CmShared {
                 b.unqueue(conn.0);
                 b.set(conn.0, Phase::Gone);
             }
-            // SIDR (UD services) has no consumer here yet: the CM answers it itself.
-            Event::SidrRequest { .. }
-            | Event::SidrResolved { .. }
-            | Event::SidrUnreachable { .. } => {}
+            Event::SidrRequest { conn, peer, req } => {
+                let port = match split_service_id(req.service_id) {
+                    Some((PortSpace::Udp, p)) => p,
+                    _ => {
+                        drop(b);
+                        self.sidr_refuse(conn.0, SidrStatus::NoServiceId);
+                        return;
+                    }
+                };
+                let room = match b.listeners.get_mut(&(CmSpace::Udp, port)) {
+                    Some((max, q)) if q.len() < *max => {
+                        q.push_back(conn.0);
+                        true
+                    }
+                    _ => false,
+                };
+                if !room {
+                    drop(b);
+                    self.sidr_refuse(conn.0, SidrStatus::NoQp);
+                    return;
+                }
+                b.conns.insert(
+                    conn.0,
+                    Conn {
+                        role: CmRole::Passive,
+                        space: CmSpace::Udp,
+                        port,
+                        peer,
+                        peer_port: CmaHeader::parse(&req.private_data).ok().map(|h| h.src_port),
+                        qpn: None,
+                        remote_qpn: None,
+                        remote_qkey: None,
+                        phase: Phase::SidrRequested,
+                        since: now,
+                    },
+                );
+                b.prune();
+            }
+            Event::SidrResolved { conn, rep } => {
+                let phase = match rep.status {
+                    SidrStatus::Ok => Phase::Resolved,
+                    st => Phase::SidrRefused(st),
+                };
+                if let Some(c) = b.set(conn.0, phase)
+                    && rep.status == SidrStatus::Ok
+                {
+                    c.remote_qpn = Some(rep.qpn);
+                    c.remote_qkey = Some(rep.qkey);
+                }
+            }
+            Event::SidrUnreachable { conn } => {
+                b.set(conn.0, Phase::Unreachable);
+            }
         }
         drop(b);
         self.changed.notify_all();
@@ -399,6 +530,14 @@ fn ended(phase: Phase, what: &str) -> RdmaError {
             "cm_rejected",
             format!("{what}: rejected ({}, reason {})", r.name(), r.code()),
         ),
+        Phase::SidrRefused(st) => RdmaError::conflict(
+            "cm_rejected",
+            format!(
+                "{what}: refused (SIDR status {}, {})",
+                st.code(),
+                sidr_status_name(st)
+            ),
+        ),
         Phase::Unreachable => RdmaError {
             kind: Refusal::Expired,
             code: "cm_unreachable",
@@ -408,6 +547,19 @@ fn ended(phase: Phase, what: &str) -> RdmaError {
             "cm_closed",
             format!("{what}: the connection is {}", p.name()),
         ),
+    }
+}
+
+/// A SIDR_REP status as the node names it.
+fn sidr_status_name(st: SidrStatus) -> &'static str {
+    match st {
+        SidrStatus::Ok => "ok",
+        SidrStatus::NoServiceId => "service ID not supported",
+        SidrStatus::Rejected => "rejected",
+        SidrStatus::NoQp => "no QP",
+        SidrStatus::Redirect => "redirect",
+        SidrStatus::UnsupportedVersion => "unsupported version",
+        SidrStatus::Other(_) => "other",
     }
 }
 
@@ -445,8 +597,14 @@ impl Rdma {
         Ok(())
     }
 
-    /// Listens on `port` (rdma_cm's TCP port space) with room for `backlog` REQs unaccepted.
-    pub fn cm_listen(&self, port: u16, backlog: usize) -> Result<CmListenerInfo, RdmaError> {
+    /// Listens on `port` of rdma_cm's port space `space` with room for `backlog` REQs (or
+    /// SIDR_REQs) unaccepted.
+    pub fn cm_listen(
+        &self,
+        port: u16,
+        space: CmSpace,
+        backlog: usize,
+    ) -> Result<CmListenerInfo, RdmaError> {
         if backlog == 0 || backlog > MAX_BACKLOG {
             return Err(RdmaError::bad(
                 "bad_backlog",
@@ -455,44 +613,54 @@ impl Rdma {
         }
         self.cm_start()?;
         let mut b = self.cm.book.lock().expect("cm book");
-        if b.listeners.contains_key(&port) {
+        if b.listeners.contains_key(&(space, port)) {
             return Err(RdmaError::conflict(
                 "listening",
                 format!("port {port} is listened on already"),
             ));
         }
-        let sid = service_id_of(port);
+        let sid = space.service_id(port);
         self.ask(0, move |h, _| match h.gsi.as_mut() {
             Some(g) => g.cm.listen(sid),
             None => Err(CmError::NoConn),
         })?
         .map_err(cm_error)?;
-        b.listeners.insert(port, (backlog, VecDeque::new()));
+        b.listeners
+            .insert((space, port), (backlog, VecDeque::new()));
         Ok(CmListenerInfo {
             port,
+            space,
             service_id: format!("{sid:#018x}"),
             backlog,
             waiting: 0,
         })
     }
 
-    /// Stops listening on `port`; REQs still waiting are rejected.
-    pub fn cm_unlisten(&self, port: u16) -> Result<(), RdmaError> {
+    /// Stops listening on `port` of `space`; REQs (SIDR_REQs) still waiting are refused.
+    pub fn cm_unlisten(&self, port: u16, space: CmSpace) -> Result<(), RdmaError> {
         let mut b = self.cm.book.lock().expect("cm book");
-        let Some((_, waiting)) = b.listeners.remove(&port) else {
+        let Some((_, waiting)) = b.listeners.remove(&(space, port)) else {
             return Err(RdmaError::not_found(format!(
                 "nothing listens on port {port}"
             )));
         };
-        let sid = service_id_of(port);
+        let sid = space.service_id(port);
         self.ask(0, move |h, _| {
             if let Some(g) = h.gsi.as_mut() {
                 g.cm.unlisten(sid);
             }
         })?;
         for id in waiting {
-            b.set(id, Phase::Rejected(RejReason::ConsumerReject));
-            self.cm.reject(id, RejReason::ConsumerReject);
+            match space {
+                CmSpace::Tcp => {
+                    b.set(id, Phase::Rejected(RejReason::ConsumerReject));
+                    self.cm.reject(id, RejReason::ConsumerReject);
+                }
+                CmSpace::Udp => {
+                    b.set(id, Phase::SidrRefused(SidrStatus::Rejected));
+                    self.cm.sidr_refuse(id, SidrStatus::Rejected);
+                }
+            }
         }
         drop(b);
         self.cm.changed.notify_all();
@@ -504,9 +672,10 @@ impl Rdma {
         let b = self.cm.book.lock().expect("cm book");
         b.listeners
             .iter()
-            .map(|(&port, (max, q))| CmListenerInfo {
+            .map(|(&(space, port), (max, q))| CmListenerInfo {
                 port,
-                service_id: format!("{:#018x}", service_id_of(port)),
+                space,
+                service_id: format!("{:#018x}", space.service_id(port)),
                 backlog: *max,
                 waiting: q.len(),
             })
@@ -651,11 +820,13 @@ impl Rdma {
             conn.0,
             Conn {
                 role: CmRole::Active,
+                space: CmSpace::Tcp,
                 port,
                 peer,
                 peer_port: Some(port),
                 qpn: Some(qpn),
                 remote_qpn: None,
+                remote_qkey: None,
                 phase: Phase::Connecting,
                 since: Instant::now(),
             },
@@ -717,35 +888,21 @@ impl Rdma {
     /// `qpn` (in RESET) to RTS with what it carries, answers with a REP and waits for the
     /// RTU, as `rdma_get_cm_event` (CONNECT_REQUEST), `rdma_accept` and the ESTABLISHED event
     /// do.
-    pub fn cm_accept(&self, port: u16, qpn: u32, wait: Duration) -> Result<CmConnInfo, RdmaError> {
+    pub fn cm_accept(
+        &self,
+        port: u16,
+        space: CmSpace,
+        qpn: u32,
+        wait: Duration,
+    ) -> Result<CmConnInfo, RdmaError> {
+        if space == CmSpace::Udp {
+            return self.cm_accept_sidr(port, qpn, wait);
+        }
         let deadline = Instant::now() + wait.min(MAX_WAIT);
         let (qp_port, psn) = self.cm_qp(qpn)?;
-        let (conn, req, peer) = {
-            let mut b = self.cm.book.lock().expect("cm book");
-            loop {
-                let Some((_, q)) = b.listeners.get_mut(&port) else {
-                    return Err(RdmaError::not_found(format!(
-                        "nothing listens on port {port}: POST /v1/cm/listeners first"
-                    )));
-                };
-                if let Some(id) = q.pop_front() {
-                    let c = b.conns.get_mut(&id).expect("a waiting REQ is in the book");
-                    if let Phase::Requested(req) = c.phase {
-                        c.phase = Phase::Accepting;
-                        c.qpn = Some(qpn);
-                        c.since = Instant::now();
-                        break (id, req, c.peer);
-                    }
-                    continue;
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(timed_out(format!(
-                        "no connection request on port {port} in {wait:?}"
-                    )));
-                }
-                b = self.cm.changed.wait_timeout(b, left).expect("cm book").0;
-            }
+        let (conn, phase, peer) = self.cm_take(CmSpace::Tcp, port, qpn, deadline, wait)?;
+        let Phase::Requested(req) = phase else {
+            unreachable!("cm_take gives a TCP listener's REQs")
         };
         let what = format!("accept on port {port} from {peer}");
         let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
@@ -825,6 +982,223 @@ impl Rdma {
                 Err(ended(p, &what))
             }
             None => Err(timed_out(format!("{what}: no RTU in {wait:?}"))),
+        }
+    }
+
+    /// Takes the oldest request waiting on listener (`space`, `port`) for QP `qpn` (marking
+    /// it accepting), waiting until `deadline` for one: its ID, what it asked (a REQ or a
+    /// SIDR_REQ) and its peer.
+    fn cm_take(
+        &self,
+        space: CmSpace,
+        port: u16,
+        qpn: u32,
+        deadline: Instant,
+        wait: Duration,
+    ) -> Result<(u32, Phase, IpAddr), RdmaError> {
+        let mut b = self.cm.book.lock().expect("cm book");
+        loop {
+            let Some((_, q)) = b.listeners.get_mut(&(space, port)) else {
+                return Err(RdmaError::not_found(format!(
+                    "nothing listens on port {port}: POST /v1/cm/listeners first"
+                )));
+            };
+            if let Some(id) = q.pop_front() {
+                let c = b
+                    .conns
+                    .get_mut(&id)
+                    .expect("a waiting request is in the book");
+                if let p @ (Phase::Requested(_) | Phase::SidrRequested) = c.phase {
+                    c.phase = Phase::Accepting;
+                    c.qpn = Some(qpn);
+                    c.since = Instant::now();
+                    return Ok((id, p, c.peer));
+                }
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out(format!(
+                    "no connection request on port {port} in {wait:?}"
+                )));
+            }
+            b = self.cm.changed.wait_timeout(b, left).expect("cm book").0;
+        }
+    }
+
+    /// A UD QP that may serve a SIDR resolve or accept, brought from RESET to RTS with
+    /// rdma_cm's UDP Q_Key on the CM's port if it is there (as `rdma_create_qp` does for a
+    /// UD rdma_cm ID), or already in RTS; its port and Q_Key.
+    fn cm_ud_qp(&self, qpn: u32) -> Result<(usize, u32), RdmaError> {
+        let (_, q) = self.query_qp(qpn)?;
+        if q.cfg.qp_type != QpType::Ud {
+            return Err(RdmaError::bad(
+                "bad_qp",
+                format!("QP {qpn} is RC: a SIDR (UDP port space) service takes a UD QP"),
+            ));
+        }
+        match q.cfg.state {
+            QpState::Rts => Ok((q.port, q.cfg.qkey)),
+            QpState::Reset => {
+                let port = self
+                    .ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?
+                    .ok_or_else(|| RdmaError::internal("no_cm", "lcore 0 has no QP1"))?;
+                for (state, qkey) in [
+                    (QpState::Init, Some(UDP_QKEY)),
+                    (QpState::Rtr, None),
+                    (QpState::Rts, None),
+                ] {
+                    let a = QpAttr {
+                        state: Some(state),
+                        qkey,
+                        ..Default::default()
+                    };
+                    self.modify_qp(qpn, &a, port)?;
+                }
+                Ok((port, UDP_QKEY))
+            }
+            s => Err(RdmaError::conflict(
+                "bad_state",
+                format!("QP {qpn} is in {s:?}: a SIDR service takes a UD QP in RESET or RTS"),
+            )),
+        }
+    }
+
+    /// Asks whoever listens on `port` (rdma_cm's UDP port space) at `peer` which UD QP
+    /// serves it, as `rdma_resolve_addr`, `rdma_resolve_route` and `rdma_connect` on a UD
+    /// rdma_cm ID do: a SIDR_REQ with rdma_cm's header, and the SIDR_REP's QPN and Q_Key in
+    /// the answer (`remote_qpn`, `remote_qkey`). UD QP `qpn` is brought to RTS if in RESET.
+    /// Waits up to `wait`.
+    pub fn cm_resolve(
+        &self,
+        qpn: u32,
+        peer: IpAddr,
+        port: u16,
+        wait: Duration,
+    ) -> Result<CmConnInfo, RdmaError> {
+        let deadline = Instant::now() + wait.min(MAX_WAIT);
+        self.cm_start()?;
+        let peer = peer.to_canonical();
+        let (dport, local, mac, vlan) = self.resolve(peer)?;
+        let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
+        if gsi_port != Some(dport) {
+            return Err(RdmaError::bad(
+                "bad_port",
+                format!(
+                    "{peer} is reached by port {dport}; the CM runs on port {}",
+                    gsi_port.map_or("none".into(), |p| p.to_string())
+                ),
+            ));
+        }
+        let (qp_port, _) = self.cm_ud_qp(qpn)?;
+        if qp_port != dport {
+            return Err(RdmaError::bad(
+                "bad_port",
+                format!("{peer} is reached by port {dport}, and QP {qpn} is on port {qp_port}"),
+            ));
+        }
+        let mut private = [0u8; dataplane::wire::cm::private_len::SIDR_REQ];
+        CmaHeader {
+            src_port: 32768 + (os_random() % 28232) as u16,
+            src: local,
+            dst: peer,
+        }
+        .emit(&mut private)
+        .map_err(|e| RdmaError::internal("cm", e.to_string()))?;
+        let pp = PeerPath {
+            peer,
+            local,
+            peer_mac: mac.0,
+            local_mac: self.macs[dport].0,
+            vlan: vlan.map(|(vid, pcp)| dataplane::wire::eth::VlanTag {
+                pcp,
+                dei: false,
+                vid,
+            }),
+        };
+        let sid = CmSpace::Udp.service_id(port);
+        let mut b = self.cm.book.lock().expect("cm book");
+        let conn = self
+            .ask(0, move |h, now| match h.gsi.as_mut() {
+                Some(g) => {
+                    g.learn(pp);
+                    let r = g.cm.sidr_resolve(now, peer, sid, 0xffff, &private);
+                    g.rearm();
+                    r
+                }
+                None => Err(CmError::NoConn),
+            })?
+            .map_err(cm_error)?;
+        b.conns.insert(
+            conn.0,
+            Conn {
+                role: CmRole::Active,
+                space: CmSpace::Udp,
+                port,
+                peer,
+                peer_port: Some(port),
+                qpn: Some(qpn),
+                remote_qpn: None,
+                remote_qkey: None,
+                phase: Phase::Resolving,
+                since: Instant::now(),
+            },
+        );
+        b.prune();
+        drop(b);
+        let what = format!("resolve udp {peer}:{port}");
+        match self
+            .cm
+            .wait(conn.0, deadline, |p| matches!(p, Phase::Resolving))
+        {
+            Some(Phase::Resolved) => self.cm_connection(conn.0),
+            Some(p) => Err(ended(p, &what)),
+            None => {
+                // The CM keeps asking until its own retries run out; nobody waits for it.
+                self.cm_forget(conn.0, Phase::Unreachable);
+                Err(timed_out(format!("{what}: no SIDR_REP in {wait:?}")))
+            }
+        }
+    }
+
+    /// Takes the oldest SIDR_REQ waiting on `port` (rdma_cm's UDP port space), waiting up to
+    /// `wait` for one, and answers it with UD QP `qpn` (brought to RTS if in RESET) and its
+    /// Q_Key, as `rdma_accept` on a UD rdma_cm ID does.
+    fn cm_accept_sidr(&self, port: u16, qpn: u32, wait: Duration) -> Result<CmConnInfo, RdmaError> {
+        let deadline = Instant::now() + wait.min(MAX_WAIT);
+        let (qp_port, qkey) = self.cm_ud_qp(qpn)?;
+        let (conn, _, peer) = self.cm_take(CmSpace::Udp, port, qpn, deadline, wait)?;
+        let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
+        if gsi_port != Some(qp_port) {
+            self.cm.sidr_refuse(conn, SidrStatus::Rejected);
+            self.cm_forget(conn, Phase::SidrRefused(SidrStatus::Rejected));
+            return Err(RdmaError::bad(
+                "bad_port",
+                format!(
+                    "QP {qpn} is on port {qp_port}, and the SIDR_REQ from {peer} came in on another"
+                ),
+            ));
+        }
+        let answered = self
+            .ask(0, move |h, now| match h.gsi.as_mut() {
+                Some(g) => {
+                    let r =
+                        g.cm.sidr_reply(now, ConnId(conn), SidrStatus::Ok, qpn, qkey);
+                    g.rearm();
+                    r
+                }
+                None => Err(CmError::NoConn),
+            })?
+            .map_err(cm_error);
+        match answered {
+            Ok(()) => {
+                self.cm_forget(conn, Phase::Resolved);
+                self.cm_connection(conn)
+            }
+            Err(e) => {
+                self.cm_forget(conn, Phase::Gone);
+                Err(e)
+            }
         }
     }
 

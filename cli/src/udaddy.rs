@@ -1,0 +1,272 @@
+//! `rocectl udaddy`: librdmacm's `udaddy` on a ferroce node, so that the peer can be an
+//! unmodified `udaddy` (or another `rocectl udaddy`), its UD QP found by SIDR on QP1.
+//!
+//! The test (rdma-core's `librdmacm/examples/udaddy.c`), on rdma_cm's UDP port space (port
+//! 7174 by default): the client resolves the server's service with a SIDR_REQ, whose SIDR_REP
+//! names the server's UD QP and its Q_Key (0x01234567, rdma_cm's for the UDP space); the
+//! client SENDs `-C` messages of `-S` bytes with immediate data (its own QPN); the server,
+//! once it has them all, answers each with as many of its own towards the QPN the immediate
+//! data named, and the client waits for them. Both post their receives before the peer can
+//! send (UD drops what no receive takes).
+
+use crate::cmstream::{self, Wcs};
+use crate::ctl::{Client, Fail};
+use clap::Args;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// udaddy's default port.
+pub const PORT: u16 = 7174;
+/// rdma_cm's Q_Key for its UDP port space (RDMA_UDP_QKEY).
+pub const UDP_QKEY: u32 = 0x0123_4567;
+/// The GRH in front of every UD receive.
+const GRH: u64 = 40;
+
+/// `rocectl udaddy [-s SERVER]`.
+#[derive(Debug, Args)]
+pub struct UdaddyArgs {
+    /// The server's address: be its client (without it, serve).
+    #[arg(short = 's', long)]
+    pub server: Option<IpAddr>,
+    /// The port (rdma_cm's UDP port space).
+    #[arg(short = 'p', long, default_value_t = PORT)]
+    pub port: u16,
+    /// Messages each way.
+    #[arg(short = 'C', long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub count: u64,
+    /// Bytes per message (at most the port's UD MTU).
+    #[arg(short = 'S', long, default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub size: u64,
+    /// Milliseconds to wait for the peer at each step.
+    #[arg(long, default_value_t = 30000)]
+    pub timeout_ms: u64,
+}
+
+fn io(e: std::io::Error) -> Fail {
+    Fail(2, e.to_string())
+}
+
+/// A UD QP and its region: receives from the start (one slot of GRH + size each), the
+/// message to send after them. Freed when dropped.
+struct Side<'a> {
+    c: &'a Client,
+    qpn: u32,
+    key: u32,
+    base: u64,
+    slot: u64,
+    count: u64,
+}
+
+impl<'a> Side<'a> {
+    fn new(c: &'a Client, a: &UdaddyArgs) -> Result<Self, Fail> {
+        let slot = (GRH + a.size).next_multiple_of(64);
+        let mr = c.call(
+            "POST",
+            "/v1/mrs",
+            Some(json!({"length": slot * (a.count + 1), "access": ["local-write"]})),
+        )?;
+        let mut s = Side {
+            c,
+            qpn: 0,
+            key: mr["lkey"].as_u64().unwrap_or(0) as u32,
+            base: mr["addr"].as_u64().unwrap_or(0),
+            slot,
+            count: a.count,
+        };
+        let qp = c.call(
+            "POST",
+            "/v1/qps",
+            Some(json!({"type": "UD", "max_send_wr": a.count, "max_recv_wr": a.count})),
+        )?;
+        s.qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
+        Ok(s)
+    }
+
+    /// To RTS with rdma_cm's UDP Q_Key (as rdma_create_qp does), and every receive posted.
+    fn ready(&self) -> Result<(), Fail> {
+        let modify = |body: Value| {
+            self.c
+                .call("POST", &format!("/v1/qps/{}/modify", self.qpn), Some(body))
+        };
+        modify(json!({"state": "INIT", "qkey": UDP_QKEY}))?;
+        modify(json!({"state": "RTR"}))?;
+        modify(json!({"state": "RTS"}))?;
+        for i in 0..self.count {
+            self.c.call(
+                "POST",
+                &format!("/v1/qps/{}/recv", self.qpn),
+                Some(
+                    json!({"wr_id": i, "sge": [{"addr": self.base + i * self.slot,
+                                                  "length": self.slot, "lkey": self.key}]}),
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `count` SENDs with our QPN as immediate data to `peer`'s QP `qpn` (Q_Key `qkey`),
+    /// each waited for.
+    fn send_all(
+        &self,
+        wcs: &mut Wcs<'_>,
+        size: u64,
+        (peer, qpn, qkey): (IpAddr, u32, u32),
+    ) -> Result<(), Fail> {
+        let at = self.base + self.count * self.slot;
+        let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        self.c.write_bytes(self.key, at, &msg)?;
+        for i in 0..self.count {
+            self.c.call(
+                "POST",
+                &format!("/v1/qps/{}/send", self.qpn),
+                Some(json!({"opcode": "send-imm", "wr_id": i, "imm": self.qpn,
+                            "sge": [{"addr": at, "length": size, "lkey": self.key}],
+                            "ud": {"remote_gid": peer.to_string(), "remote_qpn": qpn,
+                                   "remote_qkey": qkey}})),
+            )?;
+            wcs.next(false, "udaddy: our SEND")?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `count` messages of `size` bytes; the immediate data of the first (the
+    /// sender's QPN, as udaddy puts it).
+    fn receive_all(&self, wcs: &mut Wcs<'_>, size: u64) -> Result<u32, Fail> {
+        let mut imm = None;
+        for n in 0..self.count {
+            let w = wcs.next(true, "udaddy: the peer's messages")?;
+            if w["byte_len"].as_u64() != Some(GRH + size) {
+                return Err(Fail(
+                    1,
+                    format!(
+                        "udaddy: message {n} is {} bytes with the GRH, not {}",
+                        w["byte_len"],
+                        GRH + size
+                    ),
+                ));
+            }
+            let i = w["imm_data"].as_u64().map(|i| i as u32);
+            imm = imm.or(i);
+        }
+        imm.ok_or_else(|| {
+            Fail(
+                1,
+                "udaddy: the peer's messages carry no immediate data".into(),
+            )
+        })
+    }
+}
+
+impl Drop for Side<'_> {
+    fn drop(&mut self) {
+        if self.qpn != 0 {
+            let _ = self
+                .c
+                .call("DELETE", &format!("/v1/qps/{}", self.qpn), None);
+        }
+        let _ = self
+            .c
+            .call("DELETE", &format!("/v1/mrs/{}", self.key), None);
+    }
+}
+
+pub(crate) fn udaddy(
+    c: &Client,
+    a: &UdaddyArgs,
+    json_out: bool,
+    out: &mut dyn Write,
+) -> Result<u8, Fail> {
+    let wait = Duration::from_millis(a.timeout_ms);
+    // udaddy's own lines, unless the answer is JSON.
+    let mut say = |line: &str| -> Result<(), Fail> {
+        if !json_out {
+            writeln!(out, "{line}").map_err(io)?;
+        }
+        Ok(())
+    };
+    let (conn, role, peer_qpn, qpn) = run(c, a, wait, &mut say)?;
+    say("data transfers complete")?;
+    say("test complete")?;
+    say("return status 0")?;
+    if json_out {
+        writeln!(
+            out,
+            "{}",
+            json!({"role": role, "messages": a.count, "size": a.size, "qpn": qpn,
+                   "peer_qpn": peer_qpn, "connection": conn})
+        )
+        .map_err(io)?;
+    }
+    Ok(0)
+}
+
+/// The test; the connection, our role, the peer's QPN (from its messages' immediate data)
+/// and our QPN.
+fn run(
+    c: &Client,
+    a: &UdaddyArgs,
+    wait: Duration,
+    say: &mut dyn FnMut(&str) -> Result<(), Fail>,
+) -> Result<(Value, &'static str, u32, u32), Fail> {
+    let side = Side::new(c, a)?;
+    let mut wcs = Wcs::new(c, side.qpn, wait);
+    side.ready()?;
+    let (conn, received_imm) = match a.server {
+        Some(server) => {
+            say("udaddy: starting client")?;
+            say("udaddy: connecting")?;
+            let conn = cmstream::resolve(c, side.qpn, (server, a.port), wait)?;
+            let qpn = conn["remote_qpn"].as_u64().unwrap_or(0) as u32;
+            let qkey = conn["remote_qkey"].as_u64().unwrap_or(0) as u32;
+            say("initiating data transfers")?;
+            side.send_all(&mut wcs, a.size, (server, qpn, qkey))?;
+            say("receiving data transfers")?;
+            let imm = side.receive_all(&mut wcs, a.size)?;
+            if imm != qpn {
+                return Err(Fail(
+                    1,
+                    format!("udaddy: replies name QP {imm}, and SIDR named {qpn}"),
+                ));
+            }
+            (conn, imm)
+        }
+        None => {
+            say("udaddy: starting server")?;
+            c.call(
+                "POST",
+                "/v1/cm/listeners",
+                Some(json!({"port": a.port, "space": "udp", "backlog": 1})),
+            )?;
+            let accepted = cmstream::accept_in(c, a.port, "udp", side.qpn, wait);
+            let _ = c.call(
+                "DELETE",
+                &format!("/v1/cm/listeners/{}?space=udp", a.port),
+                None,
+            );
+            let conn = accepted?;
+            let peer: IpAddr = conn["peer"]
+                .as_str()
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| Fail(1, format!("udaddy: the request names no peer: {conn}")))?;
+            say("receiving data transfers")?;
+            let imm = side.receive_all(&mut wcs, a.size)?;
+            say("sending replies")?;
+            side.send_all(&mut wcs, a.size, (peer, imm, UDP_QKEY))?;
+            (conn, imm)
+        }
+    };
+    Ok((
+        conn,
+        if a.server.is_some() {
+            "client"
+        } else {
+            "server"
+        },
+        received_imm,
+        side.qpn,
+    ))
+}
