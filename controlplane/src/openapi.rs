@@ -315,7 +315,7 @@ pub fn document() -> Value {
             "get": op("One CM connection", vec![cm_id()], None,
                 json_ok(200, "the connection", r("CmConnection"), &[400, 404])),
             "delete": op("Disconnect (rdma_disconnect): a DREQ to the peer, and the QP to ERR", vec![cm_id()], None,
-                json_ok(200, "the connection after the DREQ", r("CmConnection"), &[400, 404, 409, 503]))
+                json_ok(200, "the connection after the DREQ: disconnecting until the DREP", r("CmConnection"), &[400, 404, 409, 503]))
         }
     });
     let streams_path = json!({"post": op("Stream on several QPs of one lcore at once: each posts `count` copies of wr (with its own remote_addr and rkey when given), `depth` outstanding",
@@ -529,7 +529,7 @@ pub fn document() -> Value {
                 "id": u32s, "role": {"type": "string", "enum": ["active", "passive"]},
                 "space": {"type": "string", "enum": ["tcp", "udp"]},
                 "state": {"type": "string", "enum": ["requested", "accepting", "connecting", "replied",
-                    "rep_sent", "established", "rejected", "unreachable", "disconnected", "gone",
+                    "rep_sent", "established", "disconnecting", "rejected", "unreachable", "disconnected", "gone",
                     "resolving", "resolved", "refused"]},
                 "port": {"type": "integer"}, "peer": {"type": "string"},
                 "peer_port": {"type": "integer", "nullable": true}, "qpn": {"type": "integer", "nullable": true},

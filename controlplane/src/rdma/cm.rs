@@ -113,6 +113,8 @@ enum Phase {
     RepSent,
     /// Both: the connection is up.
     Established,
+    /// Our DREQ is out; the DREP (or the CM giving up on it) ends it.
+    Disconnecting,
     /// The peer (or we) refused it.
     Rejected(RejReason),
     /// The peer never answered.
@@ -136,6 +138,7 @@ impl Phase {
             Phase::Replied(_) => "replied",
             Phase::RepSent => "rep_sent",
             Phase::Established => "established",
+            Phase::Disconnecting => "disconnecting",
             Phase::Rejected(_) => "rejected",
             Phase::Unreachable => "unreachable",
             Phase::Disconnected => "disconnected",
@@ -182,8 +185,9 @@ pub struct CmConnInfo {
     pub role: CmRole,
     /// rdma_cm's port space: tcp (an RC connection) or udp (a UD service resolved by SIDR).
     pub space: CmSpace,
-    /// requested, accepting, connecting, replied, rep_sent, established, rejected,
-    /// unreachable, disconnected or gone; for SIDR requested, resolving, resolved or refused.
+    /// requested, accepting, connecting, replied, rep_sent, established, disconnecting,
+    /// rejected, unreachable, disconnected or gone; for SIDR requested, resolving, resolved
+    /// or refused.
     pub state: &'static str,
     /// The service's port.
     pub port: u16,
@@ -1203,6 +1207,8 @@ impl Rdma {
     }
 
     /// Disconnects connection `id` (a DREQ), moving its QP to ERR as `rdma_disconnect` does.
+    /// Answers at once, as rdma_disconnect returns: the connection is "disconnecting" until
+    /// the DREP comes (or the CM gives up on it), then "disconnected".
     pub fn cm_disconnect(&self, id: u32) -> Result<CmConnInfo, RdmaError> {
         let qpn = self.cm_connection(id)?.qpn;
         self.ask(0, move |h, now| match h.gsi.as_mut() {
@@ -1216,6 +1222,16 @@ impl Rdma {
         .map_err(cm_error)?;
         if let Some(q) = qpn {
             self.cm.fail_qp(q);
+        }
+        {
+            // Unless the DREP's event is in already.
+            let mut b = self.cm.book.lock().expect("cm book");
+            if b.conns
+                .get(&id)
+                .is_some_and(|c| matches!(c.phase, Phase::Established))
+            {
+                b.set(id, Phase::Disconnecting);
+            }
         }
         self.cm_connection(id)
     }
