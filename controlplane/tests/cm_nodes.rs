@@ -47,6 +47,32 @@ fn connect_accept(n: &Cluster, qa: u32, qb: u32, peer: &str, port: u16) -> (Valu
     })
 }
 
+/// `rocectl --json ARGS` as a server on `server` and as its client on `client` at once: the
+/// client tries again, for up to 5 s, while it is refused with `refused` in its error (the
+/// server does not listen yet). Both answers.
+fn server_and_client(
+    (server, server_args): (&str, &[&str]),
+    (client, client_args): (&str, &[&str]),
+    refused: &str,
+) -> (Value, Value) {
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| rocectl_json(server, server_args));
+        let mut args = vec!["--json"];
+        args.extend_from_slice(client_args);
+        let mut cli = Value::Null;
+        for _ in 0..100 {
+            let (code, out, err) = rocectl(client, &args);
+            if code == 0 {
+                cli = serde_json::from_str(&out).unwrap();
+                break;
+            }
+            assert!(err.contains(refused), "{client_args:?}: {err}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (srv.join().expect("the server"), cli)
+    })
+}
+
 /// A WRITE from A's `qa` lands in a region of B's.
 fn write_lands(n: &Cluster, qa: u32, seed: u32) {
     let (ka, aa) = reg(&n.api[0], 4096);
@@ -316,40 +342,27 @@ fn rocectl_rping_client_and_server_check_a_hundred_pings() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let n = memif_nodes("cmrping", 7676);
     for (server_addr, size) in [("10.89.0.2", "64"), ("fd89::2", "1000")] {
-        let (srv, cli) = std::thread::scope(|s| {
-            let srv = s.spawn(|| {
-                rocectl_json(
-                    "127.0.0.1:7677",
-                    &["rping", "-s", "-p", "7174", "-C", "100", "-S", size],
-                )
-            });
-            // The client tries until the server listens (its connect is refused before).
-            let mut cli = Value::Null;
-            for _ in 0..100 {
-                let (code, out, err) = rocectl(
-                    "127.0.0.1:7676",
-                    &[
-                        "--json",
-                        "rping",
-                        "-c",
-                        "-a",
-                        server_addr,
-                        "-C",
-                        "100",
-                        "-V",
-                        "-S",
-                        size,
-                    ],
-                );
-                if code == 0 {
-                    cli = serde_json::from_str(&out).unwrap();
-                    break;
-                }
-                assert!(err.contains("cm_rejected"), "{err}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (srv.join().expect("rping server"), cli)
-        });
+        let (srv, cli) = server_and_client(
+            (
+                "127.0.0.1:7677",
+                &["rping", "-s", "-p", "7174", "-C", "100", "-S", size],
+            ),
+            (
+                "127.0.0.1:7676",
+                &[
+                    "rping",
+                    "-c",
+                    "-a",
+                    server_addr,
+                    "-C",
+                    "100",
+                    "-V",
+                    "-S",
+                    size,
+                ],
+            ),
+            "cm_rejected",
+        );
         assert_eq!(cli["pings"], 100, "{cli}");
         assert_eq!(cli["error"], Value::Null, "{cli}");
         assert_eq!(srv["pings"], 100, "{srv}");
@@ -375,27 +388,15 @@ fn rocectl_perf_connects_through_the_cm_as_perftest_minus_r_does() {
         ("send", "10.89.0.2", "2"),
     ] {
         let common = ["-R", "-n", "300", "-s", "4096", "-q", qps];
-        let (srv, cli) = std::thread::scope(|s| {
-            let srv = s.spawn(|| {
-                let mut args = vec!["perf", op, "bw", "--server"];
-                args.extend(common);
-                rocectl_json("127.0.0.1:7679", &args)
-            });
-            // The client tries until the server listens (its connect is refused before).
-            let mut cli = Value::Null;
-            for _ in 0..100 {
-                let mut args = vec!["--json", "perf", op, "bw", server_addr];
-                args.extend(common);
-                let (code, out, err) = rocectl("127.0.0.1:7678", &args);
-                if code == 0 {
-                    cli = serde_json::from_str(&out).unwrap();
-                    break;
-                }
-                assert!(err.contains("cm_rejected"), "{op}: {err}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (srv.join().expect("perf server"), cli)
-        });
+        let mut server_args = vec!["perf", op, "bw", "--server"];
+        server_args.extend(common);
+        let mut client_args = vec!["perf", op, "bw", server_addr];
+        client_args.extend(common);
+        let (srv, cli) = server_and_client(
+            ("127.0.0.1:7679", &server_args),
+            ("127.0.0.1:7678", &client_args),
+            "cm_rejected",
+        );
         // Both ends ran the whole test: the client's figures, and the server's (from the
         // report exchange, or its own count of the SENDs it took).
         // (-q QPs run -n each, and perftest counts them all.)
@@ -436,33 +437,14 @@ fn rocectl_ucmatose_sends_both_ways_and_the_server_disconnects() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let n = memif_nodes("cmatose", 7682);
     for (server_addr, count, size) in [("10.89.0.2", "10", "100"), ("fd89::2", "30", "5000")] {
-        let (srv, cli) = std::thread::scope(|s| {
-            let srv =
-                s.spawn(|| rocectl_json("127.0.0.1:7683", &["ucmatose", "-C", count, "-S", size]));
-            let mut cli = Value::Null;
-            for _ in 0..100 {
-                let (code, out, err) = rocectl(
-                    "127.0.0.1:7682",
-                    &[
-                        "--json",
-                        "ucmatose",
-                        "-s",
-                        server_addr,
-                        "-C",
-                        count,
-                        "-S",
-                        size,
-                    ],
-                );
-                if code == 0 {
-                    cli = serde_json::from_str(&out).unwrap();
-                    break;
-                }
-                assert!(err.contains("cm_rejected"), "{err}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (srv.join().expect("ucmatose server"), cli)
-        });
+        let (srv, cli) = server_and_client(
+            ("127.0.0.1:7683", &["ucmatose", "-C", count, "-S", size]),
+            (
+                "127.0.0.1:7682",
+                &["ucmatose", "-s", server_addr, "-C", count, "-S", size],
+            ),
+            "cm_rejected",
+        );
         assert_eq!(
             cli["messages"].as_u64().map(|m| m.to_string()),
             Some(count.into()),
@@ -561,34 +543,15 @@ fn sidr_resolves_udp_services_and_rocectl_udaddy_runs_both_ways() {
     }
     // rocectl udaddy, client and server, over IPv4 and IPv6.
     for (server_addr, count, size) in [("10.89.0.2", "10", "100"), ("fd89::2", "50", "1000")] {
-        let (srv, cli) = std::thread::scope(|s| {
-            let srv =
-                s.spawn(|| rocectl_json("127.0.0.1:7681", &["udaddy", "-C", count, "-S", size]));
-            // The client tries until the server listens (SIDR status 1 before).
-            let mut cli = Value::Null;
-            for _ in 0..100 {
-                let (code, out, err) = rocectl(
-                    "127.0.0.1:7680",
-                    &[
-                        "--json",
-                        "udaddy",
-                        "-s",
-                        server_addr,
-                        "-C",
-                        count,
-                        "-S",
-                        size,
-                    ],
-                );
-                if code == 0 {
-                    cli = serde_json::from_str(&out).unwrap();
-                    break;
-                }
-                assert!(err.contains("SIDR status 1"), "{err}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (srv.join().expect("udaddy server"), cli)
-        });
+        // (Until the server listens, SIDR says status 1.)
+        let (srv, cli) = server_and_client(
+            ("127.0.0.1:7681", &["udaddy", "-C", count, "-S", size]),
+            (
+                "127.0.0.1:7680",
+                &["udaddy", "-s", server_addr, "-C", count, "-S", size],
+            ),
+            "SIDR status 1",
+        );
         assert_eq!(
             cli["messages"].as_u64().map(|m| m.to_string()),
             Some(count.into()),

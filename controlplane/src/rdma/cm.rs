@@ -279,6 +279,47 @@ impl Book {
         Some(c)
     }
 
+    /// Puts passive request `id` (a REQ, or a SIDR_REQ: `phase` says which) for `sid` from
+    /// `peer` with rdma_cm's header in `private` in its listener's backlog, and in the book.
+    /// Refused: `Err(true)` when nothing listens on the service in the request's port space,
+    /// `Err(false)` when its backlog is full.
+    fn queue(
+        &mut self,
+        id: u32,
+        (sid, peer, private): (u64, IpAddr, &[u8]),
+        remote_qpn: Option<u32>,
+        phase: Phase,
+        now: Instant,
+    ) -> Result<(), bool> {
+        let space = match (split_service_id(sid), phase) {
+            (Some((PortSpace::Tcp, p)), Phase::Requested(_)) => (CmSpace::Tcp, p),
+            (Some((PortSpace::Udp, p)), Phase::SidrRequested) => (CmSpace::Udp, p),
+            _ => return Err(true),
+        };
+        match self.listeners.get_mut(&space) {
+            Some((max, q)) if q.len() < *max => q.push_back(id),
+            Some(_) => return Err(false),
+            None => return Err(true),
+        }
+        self.conns.insert(
+            id,
+            Conn {
+                role: CmRole::Passive,
+                space: space.0,
+                port: space.1,
+                peer,
+                peer_port: CmaHeader::parse(private).ok().map(|h| h.src_port),
+                qpn: None,
+                remote_qpn,
+                remote_qkey: None,
+                phase,
+                since: now,
+            },
+        );
+        self.prune();
+        Ok(())
+    }
+
     fn unqueue(&mut self, id: u32) {
         for (_, q) in self.listeners.values_mut() {
             q.retain(|&c| c != id);
@@ -355,42 +396,23 @@ impl CmShared {
         let mut b = self.book.lock().expect("cm book");
         match e {
             Event::Request { conn, peer, req } => {
-                let port = match split_service_id(req.service_id) {
-                    Some((PortSpace::Tcp, p)) => p,
-                    _ => {
-                        drop(b);
-                        self.reject(conn.0, RejReason::InvalidServiceId);
-                        return;
-                    }
-                };
-                let room = match b.listeners.get_mut(&(CmSpace::Tcp, port)) {
-                    Some((max, q)) if q.len() < *max => {
-                        q.push_back(conn.0);
-                        true
-                    }
-                    _ => false,
-                };
-                if !room {
+                let queued = b.queue(
+                    conn.0,
+                    (req.service_id, peer, &req.private_data),
+                    Some(req.local_qpn),
+                    Phase::Requested(req),
+                    now,
+                );
+                if let Err(no_listener) = queued {
                     drop(b);
-                    self.reject(conn.0, RejReason::NoResources);
+                    let reason = if no_listener {
+                        RejReason::InvalidServiceId
+                    } else {
+                        RejReason::NoResources
+                    };
+                    self.reject(conn.0, reason);
                     return;
                 }
-                b.conns.insert(
-                    conn.0,
-                    Conn {
-                        role: CmRole::Passive,
-                        space: CmSpace::Tcp,
-                        port,
-                        peer,
-                        peer_port: CmaHeader::parse(&req.private_data).ok().map(|h| h.src_port),
-                        qpn: None,
-                        remote_qpn: Some(req.local_qpn),
-                        remote_qkey: None,
-                        phase: Phase::Requested(req),
-                        since: now,
-                    },
-                );
-                b.prune();
             }
             Event::Reply { conn, rep } => {
                 if let Some(c) = b.conns.get_mut(&conn.0) {
@@ -425,42 +447,23 @@ impl CmShared {
                 b.set(conn.0, Phase::Gone);
             }
             Event::SidrRequest { conn, peer, req } => {
-                let port = match split_service_id(req.service_id) {
-                    Some((PortSpace::Udp, p)) => p,
-                    _ => {
-                        drop(b);
-                        self.sidr_refuse(conn.0, SidrStatus::NoServiceId);
-                        return;
-                    }
-                };
-                let room = match b.listeners.get_mut(&(CmSpace::Udp, port)) {
-                    Some((max, q)) if q.len() < *max => {
-                        q.push_back(conn.0);
-                        true
-                    }
-                    _ => false,
-                };
-                if !room {
+                let queued = b.queue(
+                    conn.0,
+                    (req.service_id, peer, &req.private_data),
+                    None,
+                    Phase::SidrRequested,
+                    now,
+                );
+                if let Err(no_listener) = queued {
                     drop(b);
-                    self.sidr_refuse(conn.0, SidrStatus::NoQp);
+                    let status = if no_listener {
+                        SidrStatus::NoServiceId
+                    } else {
+                        SidrStatus::NoQp
+                    };
+                    self.sidr_refuse(conn.0, status);
                     return;
                 }
-                b.conns.insert(
-                    conn.0,
-                    Conn {
-                        role: CmRole::Passive,
-                        space: CmSpace::Udp,
-                        port,
-                        peer,
-                        peer_port: CmaHeader::parse(&req.private_data).ok().map(|h| h.src_port),
-                        qpn: None,
-                        remote_qpn: None,
-                        remote_qkey: None,
-                        phase: Phase::SidrRequested,
-                        since: now,
-                    },
-                );
-                b.prune();
             }
             Event::SidrResolved { conn, rep } => {
                 let phase = match rep.status {
