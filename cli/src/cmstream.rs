@@ -362,3 +362,128 @@ impl CmStream<'_> {
         self.conn
     }
 }
+
+/// Where a test's SENDs go: the connected peer (RC), or a UD destination (the peer's
+/// address, QPN and Q_Key).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum To {
+    Connected,
+    Ud(IpAddr, u32, u32),
+}
+
+/// The GRH in front of every UD receive.
+pub(crate) const GRH: u64 = 40;
+
+/// librdmacm's example tests' side (ucmatose's, udaddy's): an RC or UD QP and its region,
+/// `count` receive slots of `size` bytes (after a GRH for UD) and the message sent after
+/// them; SENDs carry our QPN as immediate data where a test names it. Freed when dropped.
+pub(crate) struct Msgs<'a> {
+    c: &'a Client,
+    pub(crate) qpn: u32,
+    key: u32,
+    base: u64,
+    slot: u64,
+    count: u64,
+    size: u64,
+    ud: bool,
+}
+
+impl<'a> Msgs<'a> {
+    pub(crate) fn new(c: &'a Client, count: u64, size: u64, ud: bool) -> Result<Self, Fail> {
+        let slot = (size + if ud { GRH } else { 0 }).next_multiple_of(64);
+        let mr = c.call(
+            "POST",
+            "/v1/mrs",
+            Some(json!({"length": slot * (count + 1), "access": ["local-write"]})),
+        )?;
+        let mut s = Msgs {
+            c,
+            qpn: 0,
+            key: mr["lkey"].as_u64().unwrap_or(0) as u32,
+            base: mr["addr"].as_u64().unwrap_or(0),
+            slot,
+            count,
+            size,
+            ud,
+        };
+        let qp = c.call(
+            "POST",
+            "/v1/qps",
+            Some(
+                json!({"type": if ud {"UD"} else {"RC"}, "max_send_wr": count,
+                        "max_recv_wr": count}),
+            ),
+        )?;
+        s.qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
+        Ok(s)
+    }
+
+    /// Every receive posted (the QP must be past RESET).
+    pub(crate) fn post_recvs(&self) -> Result<(), Fail> {
+        for i in 0..self.count {
+            self.c.call(
+                "POST",
+                &format!("/v1/qps/{}/recv", self.qpn),
+                Some(
+                    json!({"wr_id": i, "sge": [{"addr": self.base + i * self.slot,
+                                                  "length": self.slot, "lkey": self.key}]}),
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `count` SENDs of `size` bytes to `to` (with our QPN as immediate data when `imm`),
+    /// each completion waited for.
+    pub(crate) fn send_all(&self, wcs: &mut Wcs<'_>, to: To, imm: bool) -> Result<(), Fail> {
+        let at = self.base + self.count * self.slot;
+        let msg: Vec<u8> = (0..self.size).map(|i| (i % 251) as u8).collect();
+        self.c.write_bytes(self.key, at, &msg)?;
+        for i in 0..self.count {
+            let mut wr = json!({"opcode": if imm {"send-imm"} else {"send"}, "wr_id": i,
+                                "sge": [{"addr": at, "length": self.size, "lkey": self.key}]});
+            if imm {
+                wr["imm"] = json!(self.qpn);
+            }
+            if let To::Ud(peer, qpn, qkey) = to {
+                wr["ud"] = json!({"remote_gid": peer.to_string(), "remote_qpn": qpn,
+                                  "remote_qkey": qkey});
+            }
+            self.c
+                .call("POST", &format!("/v1/qps/{}/send", self.qpn), Some(wr))?;
+            wcs.next(false, "our SEND")?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `count` messages of `size` bytes (and a GRH for UD); the immediate data of
+    /// the first that has one.
+    pub(crate) fn receive_all(&self, wcs: &mut Wcs<'_>) -> Result<Option<u32>, Fail> {
+        let want = self.size + if self.ud { GRH } else { 0 };
+        let mut imm = None;
+        for n in 0..self.count {
+            let w = wcs.next(true, "the peer's messages")?;
+            if w["byte_len"].as_u64() != Some(want) {
+                return Err(Fail(
+                    1,
+                    format!("message {n} is {} bytes, not {want}", w["byte_len"]),
+                ));
+            }
+            imm = imm.or(w["imm_data"].as_u64().map(|i| i as u32));
+        }
+        Ok(imm)
+    }
+}
+
+impl Drop for Msgs<'_> {
+    fn drop(&mut self) {
+        if self.qpn != 0 {
+            let _ = self
+                .c
+                .call("DELETE", &format!("/v1/qps/{}", self.qpn), None);
+        }
+        let _ = self
+            .c
+            .call("DELETE", &format!("/v1/mrs/{}", self.key), None);
+    }
+}

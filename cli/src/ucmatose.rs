@@ -7,7 +7,7 @@
 //! many back, the server takes those and disconnects (DREQ), and the client, told of it,
 //! disconnects too.
 
-use crate::cmstream::{self, Wcs};
+use crate::cmstream::{self, Msgs, To, Wcs};
 use crate::ctl::{Client, Fail};
 use clap::Args;
 use serde_json::json;
@@ -44,106 +44,6 @@ fn io(e: std::io::Error) -> Fail {
     Fail(2, e.to_string())
 }
 
-/// An RC QP and its region (receive slots, then the message sent), freed when dropped.
-struct Side<'a> {
-    c: &'a Client,
-    qpn: u32,
-    key: u32,
-    base: u64,
-    slot: u64,
-    count: u64,
-    size: u64,
-}
-
-impl<'a> Side<'a> {
-    fn new(c: &'a Client, a: &UcmatoseArgs) -> Result<Self, Fail> {
-        let slot = a.size.next_multiple_of(64);
-        let mr = c.call(
-            "POST",
-            "/v1/mrs",
-            Some(json!({"length": slot * (a.count + 1), "access": ["local-write"]})),
-        )?;
-        let mut s = Side {
-            c,
-            qpn: 0,
-            key: mr["lkey"].as_u64().unwrap_or(0) as u32,
-            base: mr["addr"].as_u64().unwrap_or(0),
-            slot,
-            count: a.count,
-            size: a.size,
-        };
-        let qp = c.call(
-            "POST",
-            "/v1/qps",
-            Some(json!({"max_send_wr": a.count, "max_recv_wr": a.count})),
-        )?;
-        s.qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
-        Ok(s)
-    }
-
-    /// Every receive posted (a QP takes them once the CM has moved it past RESET).
-    fn post_recvs(&self) -> Result<(), Fail> {
-        for i in 0..self.count {
-            self.c.call(
-                "POST",
-                &format!("/v1/qps/{}/recv", self.qpn),
-                Some(
-                    json!({"wr_id": i, "sge": [{"addr": self.base + i * self.slot,
-                                                  "length": self.size, "lkey": self.key}]}),
-                ),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// `count` SENDs, each completion waited for.
-    fn send_all(&self, wcs: &mut Wcs<'_>) -> Result<(), Fail> {
-        let at = self.base + self.count * self.slot;
-        let msg: Vec<u8> = (0..self.size).map(|i| (i % 251) as u8).collect();
-        self.c.write_bytes(self.key, at, &msg)?;
-        for i in 0..self.count {
-            self.c.call(
-                "POST",
-                &format!("/v1/qps/{}/send", self.qpn),
-                Some(json!({"opcode": "send", "wr_id": i,
-                            "sge": [{"addr": at, "length": self.size, "lkey": self.key}]})),
-            )?;
-            wcs.next(false, "ucmatose: our SEND")?;
-        }
-        Ok(())
-    }
-
-    /// Waits for `count` messages of `size` bytes.
-    fn receive_all(&self, wcs: &mut Wcs<'_>) -> Result<(), Fail> {
-        for n in 0..self.count {
-            let w = wcs.next(true, "ucmatose: the peer's messages")?;
-            if w["byte_len"].as_u64() != Some(self.size) {
-                return Err(Fail(
-                    1,
-                    format!(
-                        "ucmatose: message {n} is {} bytes, not {}",
-                        w["byte_len"], self.size
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Side<'_> {
-    fn drop(&mut self) {
-        if self.qpn != 0 {
-            let _ = self
-                .c
-                .call("DELETE", &format!("/v1/qps/{}", self.qpn), None);
-        }
-        let _ = self
-            .c
-            .call("DELETE", &format!("/v1/mrs/{}", self.key), None);
-    }
-}
-
 pub(crate) fn ucmatose(
     c: &Client,
     a: &UcmatoseArgs,
@@ -157,7 +57,8 @@ pub(crate) fn ucmatose(
         }
         Ok(())
     };
-    let side = Side::new(c, a)?;
+    let side = Msgs::new(c, a.count, a.size, false)?;
+    let tag = |Fail(c, e)| Fail(c, format!("ucmatose: {e}"));
     let mut wcs = Wcs::new(c, side.qpn, wait);
     let conn = match a.server {
         Some(server) => {
@@ -168,9 +69,9 @@ pub(crate) fn ucmatose(
             let mut run = || -> Result<(), Fail> {
                 side.post_recvs()?;
                 say("receiving data transfers")?;
-                side.receive_all(&mut wcs)?;
+                side.receive_all(&mut wcs).map_err(tag)?;
                 say("sending replies")?;
-                side.send_all(&mut wcs)?;
+                side.send_all(&mut wcs, To::Connected, false).map_err(tag)?;
                 say("data transfers complete")?;
                 // The server disconnects once it has our replies; then so do we.
                 if !cmstream::wait_closed(c, &[id], wait) {
@@ -197,9 +98,9 @@ pub(crate) fn ucmatose(
             let mut run = || -> Result<(), Fail> {
                 side.post_recvs()?;
                 say("initiating data transfers")?;
-                side.send_all(&mut wcs)?;
+                side.send_all(&mut wcs, To::Connected, false).map_err(tag)?;
                 say("receiving data transfers")?;
-                side.receive_all(&mut wcs)?;
+                side.receive_all(&mut wcs).map_err(tag)?;
                 say("data transfers complete")?;
                 Ok(())
             };

@@ -9,7 +9,7 @@
 //! data named, and the client waits for them. Both post their receives before the peer can
 //! send (UD drops what no receive takes).
 
-use crate::cmstream::{self, Wcs};
+use crate::cmstream::{self, Msgs, To, Wcs};
 use crate::ctl::{Client, Fail};
 use clap::Args;
 use serde_json::{Value, json};
@@ -21,8 +21,6 @@ use std::time::Duration;
 pub const PORT: u16 = 7174;
 /// rdma_cm's Q_Key for its UDP port space (RDMA_UDP_QKEY).
 pub const UDP_QKEY: u32 = 0x0123_4567;
-/// The GRH in front of every UD receive.
-const GRH: u64 = 40;
 
 /// `rocectl udaddy [-s SERVER]`.
 #[derive(Debug, Args)]
@@ -50,128 +48,26 @@ fn io(e: std::io::Error) -> Fail {
     Fail(2, e.to_string())
 }
 
-/// A UD QP and its region: receives from the start (one slot of GRH + size each), the
-/// message to send after them. Freed when dropped.
-struct Side<'a> {
-    c: &'a Client,
-    qpn: u32,
-    key: u32,
-    base: u64,
-    slot: u64,
-    count: u64,
+/// Brings `m`'s UD QP to RTS with rdma_cm's UDP Q_Key (as rdma_create_qp does) and posts
+/// every receive.
+fn ready(c: &Client, m: &Msgs<'_>) -> Result<(), Fail> {
+    let modify = |body: Value| c.call("POST", &format!("/v1/qps/{}/modify", m.qpn), Some(body));
+    modify(json!({"state": "INIT", "qkey": UDP_QKEY}))?;
+    modify(json!({"state": "RTR"}))?;
+    modify(json!({"state": "RTS"}))?;
+    m.post_recvs()
 }
 
-impl<'a> Side<'a> {
-    fn new(c: &'a Client, a: &UdaddyArgs) -> Result<Self, Fail> {
-        let slot = (GRH + a.size).next_multiple_of(64);
-        let mr = c.call(
-            "POST",
-            "/v1/mrs",
-            Some(json!({"length": slot * (a.count + 1), "access": ["local-write"]})),
-        )?;
-        let mut s = Side {
-            c,
-            qpn: 0,
-            key: mr["lkey"].as_u64().unwrap_or(0) as u32,
-            base: mr["addr"].as_u64().unwrap_or(0),
-            slot,
-            count: a.count,
-        };
-        let qp = c.call(
-            "POST",
-            "/v1/qps",
-            Some(json!({"type": "UD", "max_send_wr": a.count, "max_recv_wr": a.count})),
-        )?;
-        s.qpn = qp["qpn"].as_u64().unwrap_or(0) as u32;
-        Ok(s)
-    }
-
-    /// To RTS with rdma_cm's UDP Q_Key (as rdma_create_qp does), and every receive posted.
-    fn ready(&self) -> Result<(), Fail> {
-        let modify = |body: Value| {
-            self.c
-                .call("POST", &format!("/v1/qps/{}/modify", self.qpn), Some(body))
-        };
-        modify(json!({"state": "INIT", "qkey": UDP_QKEY}))?;
-        modify(json!({"state": "RTR"}))?;
-        modify(json!({"state": "RTS"}))?;
-        for i in 0..self.count {
-            self.c.call(
-                "POST",
-                &format!("/v1/qps/{}/recv", self.qpn),
-                Some(
-                    json!({"wr_id": i, "sge": [{"addr": self.base + i * self.slot,
-                                                  "length": self.slot, "lkey": self.key}]}),
-                ),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// `count` SENDs with our QPN as immediate data to `peer`'s QP `qpn` (Q_Key `qkey`),
-    /// each waited for.
-    fn send_all(
-        &self,
-        wcs: &mut Wcs<'_>,
-        size: u64,
-        (peer, qpn, qkey): (IpAddr, u32, u32),
-    ) -> Result<(), Fail> {
-        let at = self.base + self.count * self.slot;
-        let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-        self.c.write_bytes(self.key, at, &msg)?;
-        for i in 0..self.count {
-            self.c.call(
-                "POST",
-                &format!("/v1/qps/{}/send", self.qpn),
-                Some(json!({"opcode": "send-imm", "wr_id": i, "imm": self.qpn,
-                            "sge": [{"addr": at, "length": size, "lkey": self.key}],
-                            "ud": {"remote_gid": peer.to_string(), "remote_qpn": qpn,
-                                   "remote_qkey": qkey}})),
-            )?;
-            wcs.next(false, "udaddy: our SEND")?;
-        }
-        Ok(())
-    }
-
-    /// Waits for `count` messages of `size` bytes; the immediate data of the first (the
-    /// sender's QPN, as udaddy puts it).
-    fn receive_all(&self, wcs: &mut Wcs<'_>, size: u64) -> Result<u32, Fail> {
-        let mut imm = None;
-        for n in 0..self.count {
-            let w = wcs.next(true, "udaddy: the peer's messages")?;
-            if w["byte_len"].as_u64() != Some(GRH + size) {
-                return Err(Fail(
-                    1,
-                    format!(
-                        "udaddy: message {n} is {} bytes with the GRH, not {}",
-                        w["byte_len"],
-                        GRH + size
-                    ),
-                ));
-            }
-            let i = w["imm_data"].as_u64().map(|i| i as u32);
-            imm = imm.or(i);
-        }
-        imm.ok_or_else(|| {
+/// The immediate data of the peer's messages (udaddy's sender names its QP there).
+fn receive_all(m: &Msgs<'_>, wcs: &mut Wcs<'_>) -> Result<u32, Fail> {
+    m.receive_all(wcs)
+        .map_err(|Fail(c, e)| Fail(c, format!("udaddy: {e}")))?
+        .ok_or_else(|| {
             Fail(
                 1,
                 "udaddy: the peer's messages carry no immediate data".into(),
             )
         })
-    }
-}
-
-impl Drop for Side<'_> {
-    fn drop(&mut self) {
-        if self.qpn != 0 {
-            let _ = self
-                .c
-                .call("DELETE", &format!("/v1/qps/{}", self.qpn), None);
-        }
-        let _ = self
-            .c
-            .call("DELETE", &format!("/v1/mrs/{}", self.key), None);
-    }
 }
 
 pub(crate) fn udaddy(
@@ -212,9 +108,9 @@ fn run(
     wait: Duration,
     say: &mut dyn FnMut(&str) -> Result<(), Fail>,
 ) -> Result<(Value, &'static str, u32, u32), Fail> {
-    let side = Side::new(c, a)?;
+    let side = Msgs::new(c, a.count, a.size, true)?;
     let mut wcs = Wcs::new(c, side.qpn, wait);
-    side.ready()?;
+    ready(c, &side)?;
     let (conn, received_imm) = match a.server {
         Some(server) => {
             say("udaddy: starting client")?;
@@ -223,9 +119,9 @@ fn run(
             let qpn = conn["remote_qpn"].as_u64().unwrap_or(0) as u32;
             let qkey = conn["remote_qkey"].as_u64().unwrap_or(0) as u32;
             say("initiating data transfers")?;
-            side.send_all(&mut wcs, a.size, (server, qpn, qkey))?;
+            side.send_all(&mut wcs, To::Ud(server, qpn, qkey), true)?;
             say("receiving data transfers")?;
-            let imm = side.receive_all(&mut wcs, a.size)?;
+            let imm = receive_all(&side, &mut wcs)?;
             if imm != qpn {
                 return Err(Fail(
                     1,
@@ -253,9 +149,9 @@ fn run(
                 .and_then(|p| p.parse().ok())
                 .ok_or_else(|| Fail(1, format!("udaddy: the request names no peer: {conn}")))?;
             say("receiving data transfers")?;
-            let imm = side.receive_all(&mut wcs, a.size)?;
+            let imm = receive_all(&side, &mut wcs)?;
             say("sending replies")?;
-            side.send_all(&mut wcs, a.size, (peer, imm, UDP_QKEY))?;
+            side.send_all(&mut wcs, To::Ud(peer, imm, UDP_QKEY), true)?;
             (conn, imm)
         }
     };
