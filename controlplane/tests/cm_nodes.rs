@@ -570,3 +570,83 @@ fn sidr_resolves_udp_services_and_rocectl_udaddy_runs_both_ways() {
     }
     n.stop();
 }
+
+#[test]
+fn an_accept_may_name_which_waiting_request_it_takes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = memif_nodes("cmpick", 7684);
+    n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7476, "backlog": 4})));
+    let (a1, a2) = (create_qp(&n.api[0], None), create_qp(&n.api[0], None));
+    let (b1, b2) = (create_qp(&n.api[1], None), create_qp(&n.api[1], None));
+    std::thread::scope(|s| {
+        let connects: Vec<_> = [a1, a2]
+            .into_iter()
+            .map(|qa| {
+                let api = &n.api[0];
+                s.spawn(move || {
+                    api.post(
+                        "/v1/cm/connect",
+                        json!({"qpn": qa, "peer": "10.89.0.2", "port": 7476,
+                               "timeout_ms": 20000}),
+                    )
+                })
+            })
+            .collect();
+        // Both REQs wait on B, each under its connection ID with the peer's QPN.
+        let waiting = until(&n.api[1], "/v1/cm/connections", 10, |v| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["state"] == "requested")
+                .count()
+                == 2
+        });
+        let waiting: Vec<Value> = waiting
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["state"] == "requested")
+            .cloned()
+            .collect();
+        assert_eq!(waiting.len(), 2, "{waiting:?}");
+        // Take the one from a2 first, by its ID, though a1's may be older.
+        let pick = waiting
+            .iter()
+            .find(|c| c["remote_qpn"] == a2)
+            .expect("a2's REQ waits");
+        let id = pick["id"].as_u64().unwrap();
+        let got = n.api[1].ok(n.api[1].post(
+            "/v1/cm/accept",
+            json!({"port": 7476, "qpn": b2, "id": id, "timeout_ms": 20000}),
+        ));
+        assert_eq!(
+            (got["id"].as_u64(), got["state"].as_str()),
+            (Some(id), Some("established")),
+            "{got}"
+        );
+        assert_eq!(got["remote_qpn"], a2, "{got}");
+        // It is no longer waiting: naming it again is refused; an unknown ID is not found.
+        let (st, e) = n.api[1].post(
+            "/v1/cm/accept",
+            json!({"port": 7476, "qpn": b1, "id": id, "timeout_ms": 100}),
+        );
+        assert_eq!((st, e["code"].as_str()), (409, Some("bad_state")), "{e}");
+        let (st, _) = n.api[1].post(
+            "/v1/cm/accept",
+            json!({"port": 7476, "qpn": b1, "id": 123_456_789, "timeout_ms": 100}),
+        );
+        assert_eq!(st, 404);
+        // The other, the oldest one left, without an ID.
+        let other = n.api[1].ok(n.api[1].post(
+            "/v1/cm/accept",
+            json!({"port": 7476, "qpn": b1, "timeout_ms": 20000}),
+        ));
+        assert_eq!(other["remote_qpn"], a1, "{other}");
+        for c in connects {
+            let (st, v) = c.join().unwrap();
+            assert_eq!(st, 201, "{v}");
+            assert_eq!(v["state"], "established", "{v}");
+        }
+    });
+    n.stop();
+}

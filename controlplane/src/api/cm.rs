@@ -43,6 +43,9 @@ struct AcceptBody {
     timeout_ms: Option<u64>,
     #[serde(default)]
     space: CmSpace,
+    /// A request waiting on the port (its connection ID) instead of the oldest.
+    #[serde(default)]
+    id: Option<u32>,
 }
 
 fn wait_of(ms: Option<u64>) -> Result<Duration, ApiError> {
@@ -99,7 +102,7 @@ pub(super) async fn cm_connect(State(s): State<Arc<ApiState>>, b: Bytes) -> Repl
 pub(super) async fn cm_accept(State(s): State<Arc<ApiState>>, b: Bytes) -> Reply {
     let b: AcceptBody = body(&b)?;
     let wait = wait_of(b.timeout_ms)?;
-    let c = blocking(move || s.rdma.cm_accept(b.port, b.space, b.qpn, wait)).await?;
+    let c = blocking(move || s.rdma.cm_accept((b.port, b.space, b.id), b.qpn, wait)).await?;
     created(json!(c))
 }
 

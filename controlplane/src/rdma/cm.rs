@@ -891,23 +891,23 @@ impl Rdma {
         }
     }
 
-    /// Takes the oldest REQ waiting on `port` (waiting up to `wait` for one), moves RC QP
-    /// `qpn` (in RESET) to RTS with what it carries, answers with a REP and waits for the
-    /// RTU, as `rdma_get_cm_event` (CONNECT_REQUEST), `rdma_accept` and the ESTABLISHED event
-    /// do.
+    /// Takes the oldest REQ waiting on `port` (waiting up to `wait` for one), or request
+    /// `which` if named (it must be waiting there), moves RC QP `qpn` (in RESET) to RTS with
+    /// what it carries, answers with a REP and waits for the RTU, as `rdma_get_cm_event`
+    /// (CONNECT_REQUEST), `rdma_accept` and the ESTABLISHED event do. In `space` udp: the
+    /// SIDR_REQ, answered with a UD QP.
     pub fn cm_accept(
         &self,
-        port: u16,
-        space: CmSpace,
+        (port, space, which): (u16, CmSpace, Option<u32>),
         qpn: u32,
         wait: Duration,
     ) -> Result<CmConnInfo, RdmaError> {
         if space == CmSpace::Udp {
-            return self.cm_accept_sidr(port, qpn, wait);
+            return self.cm_accept_sidr((port, which), qpn, wait);
         }
         let deadline = Instant::now() + wait.min(MAX_WAIT);
         let (qp_port, psn) = self.cm_qp(qpn)?;
-        let (conn, phase, peer) = self.cm_take(CmSpace::Tcp, port, qpn, deadline, wait)?;
+        let (conn, phase, peer) = self.cm_take((CmSpace::Tcp, port, which), qpn, deadline, wait)?;
         let Phase::Requested(req) = phase else {
             unreachable!("cm_take gives a TCP listener's REQs")
         };
@@ -993,12 +993,11 @@ impl Rdma {
     }
 
     /// Takes the oldest request waiting on listener (`space`, `port`) for QP `qpn` (marking
-    /// it accepting), waiting until `deadline` for one: its ID, what it asked (a REQ or a
-    /// SIDR_REQ) and its peer.
+    /// it accepting), waiting until `deadline` for one, or request `which` (which must be
+    /// waiting there already): its ID, what it asked (a REQ or a SIDR_REQ) and its peer.
     fn cm_take(
         &self,
-        space: CmSpace,
-        port: u16,
+        (space, port, which): (CmSpace, u16, Option<u32>),
         qpn: u32,
         deadline: Instant,
         wait: Duration,
@@ -1010,7 +1009,25 @@ impl Rdma {
                     "nothing listens on port {port}: POST /v1/cm/listeners first"
                 )));
             };
-            if let Some(id) = q.pop_front() {
+            let next = match which {
+                None => q.pop_front(),
+                Some(id) => match q.iter().position(|&w| w == id) {
+                    Some(i) => q.remove(i),
+                    None => {
+                        return Err(match b.conns.get(&id) {
+                            Some(c) => RdmaError::conflict(
+                                "bad_state",
+                                format!(
+                                    "connection {id} is {}, not a request waiting on port {port}",
+                                    c.phase.name()
+                                ),
+                            ),
+                            None => RdmaError::not_found(format!("no CM connection {id}")),
+                        });
+                    }
+                },
+            };
+            if let Some(id) = next {
                 let c = b
                     .conns
                     .get_mut(&id)
@@ -1169,12 +1186,17 @@ impl Rdma {
     }
 
     /// Takes the oldest SIDR_REQ waiting on `port` (rdma_cm's UDP port space), waiting up to
-    /// `wait` for one, and answers it with UD QP `qpn` (brought to RTS if in RESET) and its
+    /// `wait` for one (or SIDR_REQ `which`), and answers it with UD QP `qpn` (brought to RTS if in RESET) and its
     /// Q_Key, as `rdma_accept` on a UD rdma_cm ID does.
-    fn cm_accept_sidr(&self, port: u16, qpn: u32, wait: Duration) -> Result<CmConnInfo, RdmaError> {
+    fn cm_accept_sidr(
+        &self,
+        (port, which): (u16, Option<u32>),
+        qpn: u32,
+        wait: Duration,
+    ) -> Result<CmConnInfo, RdmaError> {
         let deadline = Instant::now() + wait.min(MAX_WAIT);
         let (qp_port, qkey) = self.cm_ud_qp(qpn)?;
-        let (conn, _, peer) = self.cm_take(CmSpace::Udp, port, qpn, deadline, wait)?;
+        let (conn, _, peer) = self.cm_take((CmSpace::Udp, port, which), qpn, deadline, wait)?;
         let gsi_port = self.ask(0, |h, _| h.gsi.as_ref().map(|g| g.port()))?;
         if gsi_port != Some(qp_port) {
             self.cm.sidr_refuse(conn, SidrStatus::Rejected);
