@@ -247,6 +247,12 @@ fn run(
         }
     });
     let secs = t0.elapsed().as_secs_f64();
+    if a.server && result.is_ok() {
+        // rping's server never disconnects first: its client does, after its last ping. A
+        // DREQ of ours could beat our last SEND's completion at the client, whose CM event
+        // then finds it mid-ping (rping then stops "wait for RDMA_WRITE_COMPLETE" and hangs).
+        cmstream::wait_closed(c, &[id], Duration::from_millis(a.timeout_ms));
+    }
     let _ = c.call("DELETE", &format!("/v1/cm/connections/{id}"), None);
     // A server's run ends when its client goes: its last wait fails, and that is the end.
     let failed = match result {
