@@ -11,6 +11,7 @@
 
 use crate::ctl::{Client, Fail};
 use crate::perftest::{OobStream, Role};
+use crate::setup::GRH;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -370,9 +371,6 @@ pub(crate) enum To {
     Connected,
     Ud(IpAddr, u32, u32),
 }
-
-/// The GRH in front of every UD receive.
-pub(crate) const GRH: u64 = 40;
 
 /// librdmacm's example tests' side (ucmatose's, udaddy's): an RC or UD QP and its region,
 /// `count` receive slots of `size` bytes (after a GRH for UD) and the message sent after

@@ -10,7 +10,7 @@
 
 use crate::ctl::{Client, Fail};
 use crate::perftest::{Dest, OobError, Role};
-use crate::setup::{Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
+use crate::setup::{GRH, Resources, connect_oob, connect_qp, local_gid, post_receives, random_psn};
 use clap::Args;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -60,8 +60,6 @@ pub struct PingpongArgs {
 
 /// ibv_ud_pingpong's Q_Key.
 pub const UD_QKEY: u32 = 0x1111_1111;
-/// The GRH area at the start of every UD receive buffer.
-const GRH: u64 = 40;
 
 /// One side's address message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 use std::net::{IpAddr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// The GRH area at the start of every UD receive buffer.
+pub(crate) const GRH: u64 = 40;
+
 /// A 24-bit starting PSN that differs from run to run (perftest uses lrand48).
 pub(crate) fn random_psn() -> u32 {
     let t = std::time::SystemTime::now()

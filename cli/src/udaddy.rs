@@ -16,11 +16,10 @@ use serde_json::{Value, json};
 use std::io::Write;
 use std::net::IpAddr;
 use std::time::Duration;
+use wire::cm::UDP_QKEY;
 
 /// udaddy's default port.
 pub const PORT: u16 = 7174;
-/// rdma_cm's Q_Key for its UDP port space (RDMA_UDP_QKEY).
-pub const UDP_QKEY: u32 = 0x0123_4567;
 
 /// `rocectl udaddy [-s SERVER]`.
 #[derive(Debug, Args)]

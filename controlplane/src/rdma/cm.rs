@@ -24,7 +24,7 @@ use dataplane::transport::cm::{
 use dataplane::transport::gsi::PeerPath;
 use dataplane::transport::mr::Access;
 use dataplane::wire::cm::{
-    CmaHeader, PortSpace, RejReason, Rep, Req, SidrStatus, split_service_id,
+    CmaHeader, PortSpace, RejReason, Rep, Req, SidrStatus, UDP_QKEY, split_service_id,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -41,9 +41,6 @@ const ACK_TIMEOUT: u8 = 14;
 const MIN_RNR_TIMER: u8 = 12;
 /// The longest a connect or accept waits, whatever the caller asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
-
-/// The Q_Key rdma_cm gives the UD QPs of its UDP port space (`RDMA_UDP_QKEY`).
-pub const UDP_QKEY: u32 = 0x0123_4567;
 
 /// rdma_cm's port spaces the node serves: RC connections, and UD services resolved by SIDR.
 #[derive(

@@ -35,7 +35,7 @@ mod objects;
 mod qp;
 mod work;
 
-pub use cm::{CmConnInfo, CmListenerInfo, CmRole, CmSpace, MAX_BACKLOG, UDP_QKEY};
+pub use cm::{CmConnInfo, CmListenerInfo, CmRole, CmSpace, MAX_BACKLOG};
 
 /// How long the control plane waits for an lcore's answer.
 const LCORE_TIMEOUT: Duration = Duration::from_secs(5);

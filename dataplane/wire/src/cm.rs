@@ -1008,6 +1008,10 @@ impl PortSpace {
     }
 }
 
+/// The Q_Key rdma_cm gives the UD QPs of its UDP port space (`RDMA_UDP_QKEY`), which a
+/// SIDR_REP names.
+pub const UDP_QKEY: u32 = 0x0123_4567;
+
 /// rdma_cm's service ID of a port in a port space.
 pub fn service_id(ps: PortSpace, port: u16) -> u64 {
     (ps.number() as u64) << 16 | port as u64
