@@ -11,7 +11,7 @@
 # tests/docker/run.py, installs and starts the Docker engine itself: scripts/docker-engine.sh.)
 set -euo pipefail
 
-PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev ibverbs-utils perftest gcc valgrind systemd)
+PKGS=(dpdk dpdk-dev libdpdk-dev libclang-dev clang pkg-config iproute2 iputils-ping procps tshark python3-pip fonts-dejavu-core prometheus libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest gcc valgrind systemd)
 HUGEPAGES=${FERROCE_HUGEPAGES:-1024}
 
 if [ "$(id -u)" != 0 ]; then

@@ -8,7 +8,7 @@
 //! its own PDs, CQs and QPs, and when the application closes the socket (or dies) everything it
 //! created goes, QPs first (flushed), then completion rings, regions and PDs.
 
-use crate::rdma::{Rdma, RdmaError, parse_gid};
+use crate::rdma::{CmOpts, CmSpace, CmWatch, MAX_BACKLOG, MAX_WAIT, Rdma, RdmaError, parse_gid};
 use crate::state::ApiState;
 use dataplane::cc::{CcKind, DcqcnParams};
 use dataplane::host::{AppQueues, Fault};
@@ -183,12 +183,17 @@ struct Session {
     faults: Vec<(EventKind, u32, Fault)>,
     /// Port 0's link as last seen (None before the first look).
     link: Option<bool>,
+    /// roced's ends of its RDMA CM event channels, by number.
+    channels: Vec<Arc<OwnedFd>>,
 }
+
+/// Event channels one application may have open.
+const MAX_CHANNELS: usize = 1024;
 
 /// Numbers sessions for the listing.
 static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-fn session(st: &ApiState, sock: UnixStream) {
+fn session(st: &Arc<ApiState>, sock: UnixStream) {
     let rdma = &st.rdma;
     let id = SESSIONS.fetch_add(1, Ordering::Relaxed);
     let mut s = Session::default();
@@ -209,7 +214,7 @@ fn session(st: &ApiState, sock: UnixStream) {
                 break;
             }
         };
-        let (reply, out) = s.handle(rdma, req, fds);
+        let (reply, out) = s.handle(st, req, fds);
         if s.pid != 0 {
             let a = crate::state::AppListing {
                 listing: s.listing(id),
@@ -348,11 +353,21 @@ impl Session {
         }
     }
 
-    fn handle(&mut self, rdma: &Rdma, req: Request, fds: Vec<OwnedFd>) -> (Reply, Vec<OwnedFd>) {
+    fn handle(
+        &mut self,
+        st: &Arc<ApiState>,
+        req: Request,
+        fds: Vec<OwnedFd>,
+    ) -> (Reply, Vec<OwnedFd>) {
         if self.pid == 0 && !matches!(req, Request::Hello { .. }) {
             return (refusal("hello_first", "say Hello first"), Vec::new());
         }
-        match self.verb(rdma, req, fds) {
+        let r = if is_cm(&req) {
+            self.cm_verb(st, req, fds).map(|r| (r, Vec::new()))
+        } else {
+            self.verb(&st.rdma, req, fds)
+        };
+        match r {
             Ok(r) => r,
             Err(r) => (r, Vec::new()),
         }
@@ -684,6 +699,15 @@ impl Session {
                     rq_psn: q.cfg.rq_psn.value(),
                 })
             }
+            r @ (Request::CmChannel
+            | Request::CmResolveAddr { .. }
+            | Request::CmListen { .. }
+            | Request::CmUnlisten { .. }
+            | Request::CmConnect { .. }
+            | Request::CmAccept { .. }
+            | Request::CmReject { .. }
+            | Request::CmDisconnect { .. }
+            | Request::CmRelease { .. }) => Err(refusal("internal", format!("{r:?} is a CM verb"))),
             Request::DestroyQp { qpn } => {
                 self.owns_qp(qpn)?;
                 rdma.destroy_qp(qpn).map_err(from_rdma)?;
@@ -695,8 +719,210 @@ impl Session {
         }
     }
 
+    /// The channel numbered `n`.
+    fn channel(&self, n: u32) -> Result<Arc<OwnedFd>, Reply> {
+        self.channels
+            .get(n as usize)
+            .cloned()
+            .ok_or_else(|| refusal("not_found", format!("no event channel {n}")))
+    }
+
+    /// Whether `sock` is one of its channels' (what it may name of the CM's).
+    fn owns_channel(&self, sock: Option<Arc<OwnedFd>>) -> bool {
+        sock.is_some_and(|s| self.channels.iter().any(|c| Arc::ptr_eq(c, &s)))
+    }
+
+    fn owns_conn(&self, rdma: &Rdma, conn: u32) -> Result<(), Reply> {
+        if self.owns_channel(rdma.cm_owner(conn)) {
+            Ok(())
+        } else {
+            Err(refusal("not_found", format!("no CM connection {conn}")))
+        }
+    }
+
+    /// The RDMA CM's verbs. Those that wait on the peer (a connect, an accept's RTU) answer at
+    /// once and go on on a thread of their own, which tells how they ended on the channel.
+    fn cm_verb(
+        &mut self,
+        st: &Arc<ApiState>,
+        req: Request,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<Reply, Reply> {
+        let rdma = &st.rdma;
+        let space = |udp: bool| if udp { CmSpace::Udp } else { CmSpace::Tcp };
+        let ip = |s: &str| parse_gid(s).map_err(|e| refusal("bad_address", format!("{s}: {e}")));
+        match req {
+            Request::CmChannel => {
+                if fds.len() != 1 {
+                    return Err(refusal("bad_request", "CmChannel comes with one socket"));
+                }
+                if self.channels.len() >= MAX_CHANNELS {
+                    return Err(refusal(
+                        "exhausted",
+                        format!("{MAX_CHANNELS} event channels at most"),
+                    ));
+                }
+                self.channels.push(Arc::new(fds.remove(0)));
+                Ok(Reply::CmChannel {
+                    channel: (self.channels.len() - 1) as u32,
+                })
+            }
+            Request::CmResolveAddr { peer } => {
+                let local = rdma.cm_resolve_addr(ip(&peer)?).map_err(from_rdma)?;
+                Ok(Reply::CmAddr {
+                    local: local.to_string(),
+                })
+            }
+            Request::CmListen {
+                channel,
+                id,
+                udp,
+                port,
+                backlog,
+            } => {
+                let w = CmWatch {
+                    sock: self.channel(channel)?,
+                    id,
+                };
+                let backlog = (backlog as usize).clamp(1, MAX_BACKLOG);
+                rdma.cm_listen_for(port, space(udp), backlog, Some(w))
+                    .map_err(from_rdma)?;
+                Ok(Reply::Done)
+            }
+            Request::CmUnlisten { udp, port } => {
+                if !self.owns_channel(rdma.cm_listener_owner(space(udp), port)) {
+                    return Err(refusal(
+                        "not_found",
+                        format!("no listener of yours on port {port}"),
+                    ));
+                }
+                rdma.cm_unlisten(port, space(udp)).map_err(from_rdma)?;
+                Ok(Reply::Done)
+            }
+            Request::CmConnect {
+                channel,
+                id,
+                qpn,
+                udp,
+                peer,
+                port,
+                private_data,
+                responder_resources,
+                initiator_depth,
+                retry_count,
+                rnr_retry_count,
+            } => {
+                self.owns_qp(qpn)?;
+                let w = CmWatch {
+                    sock: self.channel(channel)?,
+                    id,
+                };
+                let peer = ip(&peer)?;
+                let o = CmOpts {
+                    private_data,
+                    responder_resources,
+                    initiator_depth,
+                    retry_count: Some(retry_count),
+                    rnr_retry_count: Some(rnr_retry_count),
+                    watch: Some(w.clone()),
+                };
+                let st = st.clone();
+                std::thread::Builder::new()
+                    .name("cm-connect".into())
+                    .spawn(move || {
+                        let (conn, r) = if udp {
+                            let r = st.rdma.cm_resolve(qpn, peer, port, MAX_WAIT);
+                            (r.as_ref().ok().map(|c| c.id), r)
+                        } else {
+                            st.rdma.cm_connect_with((qpn, peer, port), MAX_WAIT, &o)
+                        };
+                        if let Err(e) = &r {
+                            tracing::info!(qpn, %peer, port, "application's CM connect: {e}");
+                        }
+                        w.tell(st.rdma.cm_outcome(conn, &r));
+                    })
+                    .map_err(|e| refusal("internal", e.to_string()))?;
+                Ok(Reply::Done)
+            }
+            Request::CmAccept {
+                channel,
+                id,
+                conn,
+                udp,
+                port,
+                qpn,
+                private_data,
+                responder_resources,
+                initiator_depth,
+            } => {
+                self.owns_qp(qpn)?;
+                self.owns_conn(rdma, conn)?;
+                let w = CmWatch {
+                    sock: self.channel(channel)?,
+                    id,
+                };
+                let o = CmOpts {
+                    private_data,
+                    responder_resources,
+                    initiator_depth,
+                    watch: Some(w.clone()),
+                    ..Default::default()
+                };
+                if udp {
+                    rdma.cm_accept_with((port, CmSpace::Udp, Some(conn)), qpn, Duration::ZERO, &o)
+                        .map_err(from_rdma)?;
+                    return Ok(Reply::Done);
+                }
+                let c = rdma.cm_connection(conn).map_err(from_rdma)?;
+                if c.state != "requested" || c.port != port {
+                    return Err(refusal(
+                        "bad_state",
+                        format!(
+                            "connection {conn} is {}, not a request waiting on port {port}",
+                            c.state
+                        ),
+                    ));
+                }
+                let st = st.clone();
+                std::thread::Builder::new()
+                    .name("cm-accept".into())
+                    .spawn(move || {
+                        let r = st.rdma.cm_accept_with(
+                            (port, CmSpace::Tcp, Some(conn)),
+                            qpn,
+                            MAX_WAIT,
+                            &o,
+                        );
+                        if let Err(e) = &r {
+                            tracing::info!(qpn, conn, "application's CM accept: {e}");
+                        }
+                        w.tell(st.rdma.cm_outcome(Some(conn), &r));
+                    })
+                    .map_err(|e| refusal("internal", e.to_string()))?;
+                Ok(Reply::Done)
+            }
+            Request::CmReject { conn, udp } => {
+                self.owns_conn(rdma, conn)?;
+                rdma.cm_reject(conn, space(udp)).map_err(from_rdma)?;
+                Ok(Reply::Done)
+            }
+            Request::CmDisconnect { conn } => {
+                self.owns_conn(rdma, conn)?;
+                rdma.cm_disconnect(conn).map_err(from_rdma)?;
+                Ok(Reply::Done)
+            }
+            Request::CmRelease { conn } => {
+                self.owns_conn(rdma, conn)?;
+                rdma.cm_release(conn);
+                Ok(Reply::Done)
+            }
+            _ => Err(refusal("internal", "not a CM verb")),
+        }
+    }
+
     /// The application went away: everything it made goes, QPs first.
     fn end(self, rdma: &Rdma) {
+        rdma.cm_detach(&self.channels);
         for q in &self.qps {
             let _ = rdma.destroy_qp(*q);
         }
@@ -726,6 +952,22 @@ impl Session {
             );
         }
     }
+}
+
+/// Whether `r` is one of the RDMA CM's verbs ([`Session::cm_verb`]).
+fn is_cm(r: &Request) -> bool {
+    matches!(
+        r,
+        Request::CmChannel
+            | Request::CmResolveAddr { .. }
+            | Request::CmListen { .. }
+            | Request::CmUnlisten { .. }
+            | Request::CmConnect { .. }
+            | Request::CmAccept { .. }
+            | Request::CmReject { .. }
+            | Request::CmDisconnect { .. }
+            | Request::CmRelease { .. }
+    )
 }
 
 /// A modify's attributes as the engine's: the state, and what was given.

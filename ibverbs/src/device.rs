@@ -60,7 +60,7 @@ fn candidates() -> Vec<PathBuf> {
     v
 }
 
-fn enumerate() -> Vec<&'static Dev> {
+pub(crate) fn enumerate() -> Vec<&'static Dev> {
     let mut known = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = Vec::new();
     for path in candidates() {
@@ -331,7 +331,7 @@ unsafe extern "C" fn query_device_ex(
 
 /// The largest IB MTU a port of `mtu` bytes carries, after the headers (as rxe reckons, 80
 /// bytes for them).
-fn active_mtu(mtu: u32) -> ibv_mtu::Type {
+pub(crate) fn active_mtu(mtu: u32) -> ibv_mtu::Type {
     match mtu.saturating_sub(80) {
         4096.. => ibv_mtu::IBV_MTU_4096,
         2048.. => ibv_mtu::IBV_MTU_2048,

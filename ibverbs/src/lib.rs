@@ -26,6 +26,7 @@
 
 pub mod sys;
 
+mod cm;
 mod cq;
 mod device;
 mod mr;

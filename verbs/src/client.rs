@@ -362,6 +362,16 @@ impl Context {
         }
     }
 
+    /// Any control verb, with `fds`: roced's reply (a refusal as [`ClientError::Refused`]).
+    /// The RDMA CM's verbs go this way; their replies carry no descriptors.
+    pub fn request(
+        &self,
+        req: &Request,
+        fds: &[rustix::fd::BorrowedFd<'_>],
+    ) -> Result<Reply, ClientError> {
+        Ok(self.call(req, fds)?.0)
+    }
+
     fn done(&self, req: &Request) -> Result<(), ClientError> {
         match self.call(req, &[])? {
             (Reply::Done, _) => Ok(()),

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 /// What the attach protocol is at (a client of another version is refused at `Hello`).
 /// (2: the lcore reads a QP's rings when its doorbell rings, `Welcome` carries the doorbell
-/// memory and `Qp` the QP's bit in it; 3: `Welcome` carries the asynchronous event socket.)
-pub const VERSION: u32 = 3;
+/// memory and `Qp` the QP's bit in it; 3: `Welcome` carries the asynchronous event socket;
+/// 4: the RDMA CM's verbs, with their events on sockets of their own, [`CmEventMsg`].)
+pub const VERSION: u32 = 4;
 
 /// Where a ring lies in the memory a reply's descriptor maps, and its shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +183,114 @@ pub enum Request {
         /// The QP.
         qpn: u32,
     },
+    /// `rdma_create_event_channel`'s other end: the `SOCK_SEQPACKET` socket sent with this
+    /// message is where roced writes the events ([`CmEventMsg`]) of the listeners and
+    /// connections made on this channel. Answered with [`Reply::CmChannel`].
+    CmChannel,
+    /// `rdma_resolve_addr`: which of the device's addresses reaches `peer` (IPv4 or IPv6),
+    /// through roced's routes and neighbour table. Answered with [`Reply::CmAddr`].
+    CmResolveAddr {
+        /// The destination.
+        peer: String,
+    },
+    /// `rdma_listen` on `port` of rdma_cm's TCP port space (RC), or its UDP one (UD, SIDR):
+    /// each request that comes is told on `channel` as a `ConnectRequest` naming `id`.
+    CmListen {
+        /// The channel ([`Reply::CmChannel`]).
+        channel: u32,
+        /// What the events name (the application's handle of the listening ID).
+        id: u64,
+        /// The UDP port space (else TCP).
+        udp: bool,
+        /// The port.
+        port: u16,
+        /// Requests held unaccepted at most.
+        backlog: u32,
+    },
+    /// Stops listening (`rdma_destroy_id` of a listening ID).
+    CmUnlisten {
+        /// The UDP port space (else TCP).
+        udp: bool,
+        /// The port.
+        port: u16,
+    },
+    /// `rdma_connect`: RC QP `qpn` (in RESET or INIT) connected to whoever listens on `port`
+    /// at `peer` (a REQ; `Established`, `Rejected` or `Unreachable` on `channel` later); in
+    /// the UDP space UD QP `qpn` resolves the peer's service (a SIDR_REQ; `Established`
+    /// carries its QPN and Q_Key).
+    CmConnect {
+        /// The channel.
+        channel: u32,
+        /// What the events name.
+        id: u64,
+        /// The QP.
+        qpn: u32,
+        /// The UDP port space (else TCP).
+        udp: bool,
+        /// The peer's address.
+        peer: String,
+        /// The peer's port.
+        port: u16,
+        /// The application's private data (after rdma_cm's header in the REQ).
+        #[serde(default)]
+        private_data: Vec<u8>,
+        /// READs and atomics the QP answers at once (0: as the device offers).
+        #[serde(default)]
+        responder_resources: u8,
+        /// READs and atomics the QP has outstanding at once (0: as the device offers).
+        #[serde(default)]
+        initiator_depth: u8,
+        /// Transport retries (7 at most).
+        #[serde(default)]
+        retry_count: u8,
+        /// RNR retries (7: for ever).
+        #[serde(default)]
+        rnr_retry_count: u8,
+    },
+    /// `rdma_accept` of request `conn` (a `ConnectRequest`) with QP `qpn`: RC, a REP
+    /// (`Established` on `channel` when the RTU comes); UDP, a SIDR_REP with UD QP `qpn`.
+    CmAccept {
+        /// The channel.
+        channel: u32,
+        /// What the events name (the application's handle of the new ID).
+        id: u64,
+        /// The request.
+        conn: u32,
+        /// The UDP port space (else TCP).
+        udp: bool,
+        /// The port it came to.
+        port: u16,
+        /// The QP.
+        qpn: u32,
+        /// The application's private data (the REP's).
+        #[serde(default)]
+        private_data: Vec<u8>,
+        /// READs and atomics the QP answers at once (0: as the device offers).
+        #[serde(default)]
+        responder_resources: u8,
+        /// READs and atomics the QP has outstanding at once (0: as the device offers).
+        #[serde(default)]
+        initiator_depth: u8,
+    },
+    /// `rdma_reject` of request `conn`.
+    CmReject {
+        /// The request.
+        conn: u32,
+        /// The UDP port space (else TCP).
+        udp: bool,
+    },
+    /// `rdma_disconnect`: a DREQ (`Disconnected` on the connection's channel when the DREP
+    /// comes, or the CM gives up).
+    CmDisconnect {
+        /// The connection.
+        conn: u32,
+    },
+    /// `rdma_destroy_id` of a connection's ID: no more events for it; a connection still up
+    /// is disconnected.
+    CmRelease {
+        /// The connection.
+        conn: u32,
+    },
 }
 
 /// roced's answer.
@@ -257,6 +366,16 @@ pub enum Reply {
         /// Its expected receive PSN.
         rq_psn: u32,
     },
+    /// An event channel.
+    CmChannel {
+        /// Its number in the session.
+        channel: u32,
+    },
+    /// The device's address that reaches a peer.
+    CmAddr {
+        /// The source address (IPv4 or IPv6).
+        local: String,
+    },
     /// Refused.
     Error {
         /// A stable code (as the REST API's).
@@ -264,4 +383,122 @@ pub enum Reply {
         /// What went wrong, for people.
         message: String,
     },
+}
+
+/// What happened to a CM ID, as `rdma_get_cm_event` reports it: one message on an event
+/// channel's socket ([`Request::CmChannel`]), JSON. The events of address and route
+/// resolution are the library's own, written on the same socket.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEventMsg {
+    /// What happened.
+    pub kind: CmEventKind,
+    /// The application's handle of the ID it concerns (for `ConnectRequest`, the listener's).
+    pub id: u64,
+    /// The connection (its communication ID in roced).
+    #[serde(default)]
+    pub conn: u32,
+    /// librdmacm's status: 0, a negative errno, or a REJ's reason code.
+    #[serde(default)]
+    pub status: i32,
+    /// The peer's private data (a REQ's after rdma_cm's header, a REP's, a SIDR_REP's).
+    #[serde(default)]
+    pub private_data: Vec<u8>,
+    /// The peer's address.
+    #[serde(default)]
+    pub peer: Option<String>,
+    /// The peer's port.
+    #[serde(default)]
+    pub peer_port: u16,
+    /// Our address the request came to.
+    #[serde(default)]
+    pub local: Option<String>,
+    /// Our port it came to.
+    #[serde(default)]
+    pub local_port: u16,
+    /// The peer's QP.
+    #[serde(default)]
+    pub remote_qpn: u32,
+    /// The peer's UD QP's Q_Key.
+    #[serde(default)]
+    pub qkey: u32,
+    /// The peer's responder resources.
+    #[serde(default)]
+    pub responder_resources: u8,
+    /// The peer's initiator depth.
+    #[serde(default)]
+    pub initiator_depth: u8,
+    /// The peer's retry count.
+    #[serde(default)]
+    pub retry_count: u8,
+    /// The peer's RNR retry count.
+    #[serde(default)]
+    pub rnr_retry_count: u8,
+}
+
+/// The events, as `enum rdma_cm_event_type` names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CmEventKind {
+    /// RDMA_CM_EVENT_ADDR_RESOLVED.
+    #[default]
+    AddrResolved,
+    /// RDMA_CM_EVENT_ADDR_ERROR.
+    AddrError,
+    /// RDMA_CM_EVENT_ROUTE_RESOLVED.
+    RouteResolved,
+    /// RDMA_CM_EVENT_CONNECT_REQUEST.
+    ConnectRequest,
+    /// RDMA_CM_EVENT_CONNECT_ERROR.
+    ConnectError,
+    /// RDMA_CM_EVENT_UNREACHABLE.
+    Unreachable,
+    /// RDMA_CM_EVENT_REJECTED.
+    Rejected,
+    /// RDMA_CM_EVENT_ESTABLISHED.
+    Established,
+    /// RDMA_CM_EVENT_DISCONNECTED.
+    Disconnected,
+}
+
+impl CmEventMsg {
+    /// Its message.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an event serializes")
+    }
+
+    /// The event a message carries; None for bytes that are not one.
+    pub fn decode(b: &[u8]) -> Option<CmEventMsg> {
+        serde_json::from_slice(b).ok()
+    }
+}
+
+/// Sends `e` on an event channel's socket without waiting; false if it was not sent (the
+/// application's end full or closed).
+pub fn post_cm_event(fd: impl rustix::fd::AsFd, e: &CmEventMsg) -> bool {
+    let b = e.encode();
+    use rustix::net::{SendFlags, send};
+    matches!(send(fd, &b, SendFlags::DONTWAIT | SendFlags::NOSIGNAL), Ok(n) if n == b.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cm_event_crosses_a_channel_socket_whole() {
+        let (mine, theirs) = crate::event::pair().unwrap();
+        let e = CmEventMsg {
+            kind: CmEventKind::ConnectRequest,
+            id: 0x7fff_1234_5678,
+            conn: 9,
+            private_data: vec![0xab; 56],
+            peer: Some("10.0.0.2".into()),
+            peer_port: 40000,
+            ..Default::default()
+        };
+        assert!(post_cm_event(&mine, &e));
+        let mut b = [0u8; 4096];
+        let (n, _) = rustix::net::recv(&theirs, &mut b, rustix::net::RecvFlags::empty()).unwrap();
+        assert_eq!(CmEventMsg::decode(&b[..n]), Some(e));
+        assert_eq!(CmEventMsg::decode(b"{\"kind\":\"Nope\"}"), None);
+    }
 }

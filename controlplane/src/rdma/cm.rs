@@ -28,6 +28,7 @@ use dataplane::wire::cm::{
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
+use verbs::proto::{CmEventKind, CmEventMsg};
 
 /// Connections a listener holds unaccepted at most (rdma_listen's backlog bound).
 pub const MAX_BACKLOG: usize = 1024;
@@ -41,6 +42,32 @@ const ACK_TIMEOUT: u8 = 14;
 const MIN_RNR_TIMER: u8 = 12;
 /// The longest a connect or accept waits, whatever the caller asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// What `rdma_connect` and `rdma_accept` may say of a connection beyond its QP and peer.
+#[derive(Clone, Debug, Default)]
+pub struct CmOpts {
+    /// The application's private data: after rdma_cm's header in a REQ (56 bytes at most),
+    /// the REP's (196).
+    pub private_data: Vec<u8>,
+    /// READs and atomics answered at once (0: as many as the device offers; never more).
+    pub responder_resources: u8,
+    /// READs and atomics outstanding at once (0: as many as the device offers; never more).
+    pub initiator_depth: u8,
+    /// Transport retries (the CM's default if None).
+    pub retry_count: Option<u8>,
+    /// RNR retries (the CM's default if None).
+    pub rnr_retry_count: Option<u8>,
+    /// Where the connection's ends are told (an attached application's channel).
+    pub watch: Option<CmWatch>,
+}
+
+impl CmOpts {
+    /// READs and atomics a side asked for, bounded by the device's.
+    fn rd(&self, asked: u8) -> u8 {
+        let dev = dataplane::transport::qp::DEFAULT_RD_ATOMIC;
+        if asked == 0 { dev } else { asked.min(dev) }
+    }
+}
 
 /// rdma_cm's port spaces the node serves: RC connections, and UD services resolved by SIDR.
 #[derive(
@@ -169,6 +196,8 @@ struct Conn {
     remote_qpn: Option<u32>,
     /// The peer's UD QP's Q_Key (active SIDR).
     remote_qkey: Option<u32>,
+    /// The peer's REP (active).
+    rep: Option<Rep>,
     phase: Phase,
     since: Instant,
 }
@@ -224,6 +253,56 @@ struct Book {
     conns: BTreeMap<u32, Conn>,
     /// (Space, port) -> (backlog bound, REQs or SIDR_REQs waiting, oldest first).
     listeners: BTreeMap<(CmSpace, u16), (usize, VecDeque<u32>)>,
+    /// Listeners of attached applications: where their requests are told.
+    listen_watch: BTreeMap<(CmSpace, u16), CmWatch>,
+    /// Connections of attached applications: where their ends are told.
+    conn_watch: BTreeMap<u32, CmWatch>,
+}
+
+/// Where an attached application hears of a listener or connection of its own (an event
+/// channel's socket, [`verbs::proto::Request::CmChannel`]), and the handle its events name.
+#[derive(Clone, Debug)]
+pub struct CmWatch {
+    /// roced's end of the channel's socket.
+    pub sock: Arc<rustix::fd::OwnedFd>,
+    /// The application's handle of the ID.
+    pub id: u64,
+}
+
+impl CmWatch {
+    /// Tells `e` (its `id` set to the watch's); an event the socket has no room for is
+    /// dropped and logged: an application that never reads its channel does not hold roced.
+    pub fn tell(&self, mut e: CmEventMsg) {
+        e.id = self.id;
+        if !verbs::proto::post_cm_event(&*self.sock, &e) {
+            tracing::warn!(event = ?e.kind, conn = e.conn, "application's CM channel full or closed: event dropped");
+        }
+    }
+}
+
+/// What a REQ or SIDR_REQ tells the listening application.
+fn request_event(conn: u32, peer: IpAddr, private: &[u8], req: Option<&Req>) -> CmEventMsg {
+    let h = CmaHeader::parse(private).ok();
+    let mut e = CmEventMsg {
+        kind: CmEventKind::ConnectRequest,
+        conn,
+        private_data: private
+            .get(dataplane::wire::cm::CMA_HEADER_LEN..)
+            .unwrap_or(&[])
+            .to_vec(),
+        peer: Some(peer.to_string()),
+        peer_port: h.map_or(0, |h| h.src_port),
+        local: h.map(|h| h.dst.to_canonical().to_string()),
+        ..Default::default()
+    };
+    if let Some(r) = req {
+        e.remote_qpn = r.local_qpn;
+        e.responder_resources = r.responder_resources;
+        e.initiator_depth = r.initiator_depth;
+        e.retry_count = r.retry_count;
+        e.rnr_retry_count = r.rnr_retry_count;
+    }
+    e
 }
 
 impl Conn {
@@ -309,12 +388,41 @@ impl Book {
                 qpn: None,
                 remote_qpn,
                 remote_qkey: None,
+                rep: None,
                 phase,
                 since: now,
             },
         );
         self.prune();
         Ok(())
+    }
+
+    /// A request that came to an attached application's listener is told to it, and is then
+    /// the application's (as an rdma_cm child ID is): out of the backlog, watched by the
+    /// listener's channel until accepted or rejected, and no longer its listener's (which may
+    /// go first).
+    fn deliver(&mut self, id: u32, listener: (CmSpace, u16), tell: impl FnOnce(&CmWatch)) {
+        let Some(w) = self.listen_watch.get(&listener).cloned() else {
+            return;
+        };
+        self.unqueue(id);
+        tell(&w);
+        self.conn_watch.insert(id, w);
+    }
+
+    /// Request `id` in `space` waits for its accept: in a listener's backlog, or delivered to
+    /// an application ([`Book::deliver`]).
+    fn pending(&self, id: u32, space: CmSpace) -> bool {
+        let queued = self
+            .listeners
+            .iter()
+            .any(|((s, _), (_, q))| *s == space && q.contains(&id));
+        queued
+            || (self.conn_watch.contains_key(&id)
+                && self.conns.get(&id).is_some_and(|c| {
+                    c.space == space
+                        && matches!(c.phase, Phase::Requested(_) | Phase::SidrRequested)
+                }))
     }
 
     fn unqueue(&mut self, id: u32) {
@@ -410,10 +518,17 @@ impl CmShared {
                     self.reject(conn.0, reason);
                     return;
                 }
+                if let Some((CmSpace::Tcp, port)) = b.conns.get(&conn.0).map(|c| (c.space, c.port))
+                {
+                    b.deliver(conn.0, (CmSpace::Tcp, port), |w| {
+                        w.tell(request_event(conn.0, peer, &req.private_data, Some(&req)))
+                    });
+                }
             }
             Event::Reply { conn, rep } => {
                 if let Some(c) = b.conns.get_mut(&conn.0) {
                     c.remote_qpn = Some(rep.local_qpn);
+                    c.rep = Some(rep);
                 }
                 if b.set(conn.0, Phase::Replied(rep)).is_none() {
                     // Nobody asked for it (the connect gave up): refuse it.
@@ -438,6 +553,13 @@ impl CmShared {
                 if let Some(q) = qpn {
                     self.fail_qp(q);
                 }
+                if let Some(w) = b.conn_watch.get(&conn.0) {
+                    w.tell(CmEventMsg {
+                        kind: CmEventKind::Disconnected,
+                        conn: conn.0,
+                        ..Default::default()
+                    });
+                }
             }
             Event::TimewaitExit { conn } | Event::Evicted { conn } => {
                 b.unqueue(conn.0);
@@ -460,6 +582,12 @@ impl CmShared {
                     };
                     self.sidr_refuse(conn.0, status);
                     return;
+                }
+                if let Some((CmSpace::Udp, port)) = b.conns.get(&conn.0).map(|c| (c.space, c.port))
+                {
+                    b.deliver(conn.0, (CmSpace::Udp, port), |w| {
+                        w.tell(request_event(conn.0, peer, &req.private_data, None))
+                    });
                 }
             }
             Event::SidrResolved { conn, rep } => {
@@ -609,6 +737,18 @@ impl Rdma {
         space: CmSpace,
         backlog: usize,
     ) -> Result<CmListenerInfo, RdmaError> {
+        self.cm_listen_for(port, space, backlog, None)
+    }
+
+    /// [`Rdma::cm_listen`] for an attached application: each request is told to `watch`
+    /// as it comes.
+    pub fn cm_listen_for(
+        &self,
+        port: u16,
+        space: CmSpace,
+        backlog: usize,
+        watch: Option<CmWatch>,
+    ) -> Result<CmListenerInfo, RdmaError> {
         if backlog == 0 || backlog > MAX_BACKLOG {
             return Err(RdmaError::bad(
                 "bad_backlog",
@@ -631,6 +771,9 @@ impl Rdma {
         .map_err(cm_error)?;
         b.listeners
             .insert((space, port), (backlog, VecDeque::new()));
+        if let Some(w) = watch {
+            b.listen_watch.insert((space, port), w);
+        }
         Ok(CmListenerInfo {
             port,
             space,
@@ -643,6 +786,7 @@ impl Rdma {
     /// Stops listening on `port` of `space`; REQs (SIDR_REQs) still waiting are refused.
     pub fn cm_unlisten(&self, port: u16, space: CmSpace) -> Result<(), RdmaError> {
         let mut b = self.cm.book.lock().expect("cm book");
+        b.listen_watch.remove(&(space, port));
         let Some((_, waiting)) = b.listeners.remove(&(space, port)) else {
             return Err(RdmaError::not_found(format!(
                 "nothing listens on port {port}"
@@ -712,11 +856,11 @@ impl Rdma {
                 format!("QP {qpn} is UD: a CM connection takes an RC QP"),
             ));
         }
-        if q.cfg.state != QpState::Reset {
+        if !matches!(q.cfg.state, QpState::Reset | QpState::Init) {
             return Err(RdmaError::conflict(
                 "bad_state",
                 format!(
-                    "QP {qpn} is in {:?}: a CM connection takes a QP in RESET",
+                    "QP {qpn} is in {:?}: a CM connection takes a QP in RESET or INIT",
                     q.cfg.state
                 ),
             ));
@@ -755,6 +899,40 @@ impl Rdma {
         port: u16,
         wait: Duration,
     ) -> Result<CmConnInfo, RdmaError> {
+        self.cm_connect_with((qpn, peer, port), wait, &CmOpts::default())
+            .1
+    }
+
+    /// [`Rdma::cm_connect`] with what `rdma_connect`'s parameters say; also the connection's
+    /// ID once it has one (to look at how it ended).
+    pub fn cm_connect_with(
+        &self,
+        (qpn, peer, port): (u32, IpAddr, u16),
+        wait: Duration,
+        o: &CmOpts,
+    ) -> (Option<u32>, Result<CmConnInfo, RdmaError>) {
+        let mut id = None;
+        let r = self.cm_connect_in((qpn, peer, port), wait, o, &mut id);
+        (id, r)
+    }
+
+    fn cm_connect_in(
+        &self,
+        (qpn, peer, port): (u32, IpAddr, u16),
+        wait: Duration,
+        o: &CmOpts,
+        id: &mut Option<u32>,
+    ) -> Result<CmConnInfo, RdmaError> {
+        let user = dataplane::wire::cm::CMA_HEADER_LEN..dataplane::wire::cm::private_len::REQ;
+        if o.private_data.len() > user.len() {
+            return Err(RdmaError::bad(
+                "bad_private_data",
+                format!(
+                    "a connect's private data is {} bytes at most (after rdma_cm's header)",
+                    user.len()
+                ),
+            ));
+        }
         let deadline = Instant::now() + wait.min(MAX_WAIT);
         self.cm_start()?;
         let peer = peer.to_canonical();
@@ -781,6 +959,7 @@ impl Rdma {
         }
         .emit(&mut private)
         .map_err(|e| RdmaError::internal("cm", e.to_string()))?;
+        private[user.start..user.start + o.private_data.len()].copy_from_slice(&o.private_data);
         let path = dataplane::wire::cm::Path {
             local_gid: gid_of(local),
             remote_gid: gid_of(peer),
@@ -788,13 +967,15 @@ impl Rdma {
             local_ack_timeout: ACK_TIMEOUT,
             ..Default::default()
         };
-        let rd = dataplane::transport::qp::DEFAULT_RD_ATOMIC;
+        let base = ConnectParams::new(service_id_of(port), peer, path, qpn, psn);
         let cp = ConnectParams {
             path_mtu: dataplane::wire::cm::path_mtu_code(mtu.bytes()).unwrap_or(3),
-            responder_resources: rd,
-            initiator_depth: rd,
+            responder_resources: o.rd(o.responder_resources),
+            initiator_depth: o.rd(o.initiator_depth),
+            retry_count: o.retry_count.unwrap_or(base.retry_count).min(7),
+            rnr_retry_count: o.rnr_retry_count.unwrap_or(base.rnr_retry_count).min(7),
             private_data: private,
-            ..ConnectParams::new(service_id_of(port), peer, path, qpn, psn)
+            ..base
         };
         let pp = PeerPath {
             peer,
@@ -831,10 +1012,15 @@ impl Rdma {
                 qpn: Some(qpn),
                 remote_qpn: None,
                 remote_qkey: None,
+                rep: None,
                 phase: Phase::Connecting,
                 since: Instant::now(),
             },
         );
+        *id = Some(conn.0);
+        if let Some(w) = &o.watch {
+            b.conn_watch.insert(conn.0, w.clone());
+        }
         b.prune();
         drop(b);
         let what = format!("connect to {peer}:{port}");
@@ -899,12 +1085,36 @@ impl Rdma {
         qpn: u32,
         wait: Duration,
     ) -> Result<CmConnInfo, RdmaError> {
+        self.cm_accept_with((port, space, which), qpn, wait, &CmOpts::default())
+    }
+
+    /// [`Rdma::cm_accept`] with what `rdma_accept`'s parameters say.
+    pub fn cm_accept_with(
+        &self,
+        (port, space, which): (u16, CmSpace, Option<u32>),
+        qpn: u32,
+        wait: Duration,
+        o: &CmOpts,
+    ) -> Result<CmConnInfo, RdmaError> {
+        if o.private_data.len() > dataplane::wire::cm::private_len::REP {
+            return Err(RdmaError::bad(
+                "bad_private_data",
+                format!(
+                    "an accept's private data is {} bytes at most",
+                    dataplane::wire::cm::private_len::REP
+                ),
+            ));
+        }
         if space == CmSpace::Udp {
             return self.cm_accept_sidr((port, which), qpn, wait);
         }
         let deadline = Instant::now() + wait.min(MAX_WAIT);
         let (qp_port, psn) = self.cm_qp(qpn)?;
         let (conn, phase, peer) = self.cm_take((CmSpace::Tcp, port, which), qpn, deadline, wait)?;
+        if let Some(w) = &o.watch {
+            let mut b = self.cm.book.lock().expect("cm book");
+            b.conn_watch.insert(conn, w.clone());
+        }
         let Phase::Requested(req) = phase else {
             unreachable!("cm_take gives a TCP listener's REQs")
         };
@@ -918,16 +1128,16 @@ impl Rdma {
                 format!("QP {qpn} is on port {qp_port}, and the CM's REQ came in on another"),
             ));
         }
-        let rd = dataplane::transport::qp::DEFAULT_RD_ATOMIC;
         let fit = self.fit_mtu(qp_port, peer.is_ipv4());
         let mtu = dataplane::wire::cm::path_mtu_bytes(req.path_mtu)
             .and_then(Mtu::from_bytes)
             .map_or(fit, |m| if m.bytes() < fit.bytes() { m } else { fit });
-        let ap = AcceptParams {
-            responder_resources: rd.min(req.initiator_depth),
-            initiator_depth: rd.min(req.responder_resources),
+        let mut ap = AcceptParams {
+            responder_resources: o.rd(o.responder_resources).min(req.initiator_depth),
+            initiator_depth: o.rd(o.initiator_depth).min(req.responder_resources),
             ..AcceptParams::new(qpn, psn)
         };
+        ap.private_data[..o.private_data.len()].copy_from_slice(&o.private_data);
         let a = QpAttr {
             state: Some(QpState::Rts),
             access: Some(access_for(ap.responder_resources)),
@@ -1000,6 +1210,20 @@ impl Rdma {
         wait: Duration,
     ) -> Result<(u32, Phase, IpAddr), RdmaError> {
         let mut b = self.cm.book.lock().expect("cm book");
+        // A request delivered to an application is its own, whether or not its listener
+        // is still there.
+        if let Some(id) = which
+            && b.conn_watch.contains_key(&id)
+            && b.pending(id, space)
+            && let Some(c) = b.conns.get_mut(&id)
+            && c.port == port
+        {
+            let p = c.phase;
+            c.phase = Phase::Accepting;
+            c.qpn = Some(qpn);
+            c.since = Instant::now();
+            return Ok((id, p, c.peer));
+        }
         loop {
             let Some((_, q)) = b.listeners.get_mut(&(space, port)) else {
                 return Err(RdmaError::not_found(format!(
@@ -1161,6 +1385,7 @@ impl Rdma {
                 qpn: Some(qpn),
                 remote_qpn: None,
                 remote_qkey: None,
+                rep: None,
                 phase: Phase::Resolving,
                 since: Instant::now(),
             },
@@ -1263,6 +1488,168 @@ impl Rdma {
     fn cm_give_up(&self, id: u32) {
         self.cm.reject(id, RejReason::Timeout);
         self.cm_forget(id, Phase::Rejected(RejReason::Timeout));
+    }
+
+    /// What an attached application hears when its connect or accept of connection `conn`
+    /// (None: it never got that far) has ended, `result` as that call returned: established
+    /// (with what the peer's REP said, for a connect), rejected (with the REJ's reason), no
+    /// answer, or failed.
+    pub fn cm_outcome(
+        &self,
+        conn: Option<u32>,
+        result: &Result<CmConnInfo, RdmaError>,
+    ) -> CmEventMsg {
+        let b = self.cm.book.lock().expect("cm book");
+        let c = conn.and_then(|id| b.conns.get(&id));
+        let mut e = CmEventMsg {
+            conn: conn.unwrap_or(0),
+            ..Default::default()
+        };
+        match (result, c) {
+            (Ok(info), c) => {
+                e.kind = CmEventKind::Established;
+                e.remote_qpn = info.remote_qpn.unwrap_or(0);
+                e.qkey = info.remote_qkey.unwrap_or(0);
+                if let Some(rep) = c.and_then(|c| c.rep) {
+                    e.private_data = rep.private_data.to_vec();
+                    e.responder_resources = rep.responder_resources;
+                    e.initiator_depth = rep.initiator_depth;
+                    e.rnr_retry_count = rep.rnr_retry_count;
+                }
+            }
+            (Err(_), Some(c)) if matches!(c.phase, Phase::Rejected(_) | Phase::SidrRefused(_)) => {
+                e.kind = CmEventKind::Rejected;
+                e.status = match c.phase {
+                    Phase::Rejected(r) => r.code() as i32,
+                    Phase::SidrRefused(st) => st.code() as i32,
+                    _ => 0,
+                };
+            }
+            (Err(err), None) if err.code == "cm_rejected" => {
+                e.kind = CmEventKind::Rejected;
+            }
+            (Err(err), _) if matches!(err.code, "cm_unreachable" | "timed_out") => {
+                e.kind = CmEventKind::Unreachable;
+                e.status = -libc::ETIMEDOUT;
+            }
+            (Err(_), _) => {
+                e.kind = CmEventKind::ConnectError;
+                e.status = -libc::ECONNREFUSED;
+            }
+        }
+        e
+    }
+
+    /// Refuses request `conn` waiting on a listener of `space` (`rdma_reject`): a REJ
+    /// (consumer reject), or a SIDR_REP with status "rejected".
+    pub fn cm_reject(&self, conn: u32, space: CmSpace) -> Result<(), RdmaError> {
+        let mut b = self.cm.book.lock().expect("cm book");
+        if !b.pending(conn, space) {
+            return Err(match b.conns.get(&conn) {
+                Some(c) => RdmaError::conflict(
+                    "bad_state",
+                    format!(
+                        "connection {conn} is {}, not a request waiting",
+                        c.phase.name()
+                    ),
+                ),
+                None => RdmaError::not_found(format!("no CM connection {conn}")),
+            });
+        }
+        b.unqueue(conn);
+        match space {
+            CmSpace::Tcp => {
+                b.set(conn, Phase::Rejected(RejReason::ConsumerReject));
+                self.cm.reject(conn, RejReason::ConsumerReject);
+            }
+            CmSpace::Udp => {
+                b.set(conn, Phase::SidrRefused(SidrStatus::Rejected));
+                self.cm.sidr_refuse(conn, SidrStatus::Rejected);
+            }
+        }
+        drop(b);
+        self.cm.changed.notify_all();
+        Ok(())
+    }
+
+    /// An attached application let go of connection `conn` (`rdma_destroy_id`): nothing more
+    /// is told of it, and it is disconnected if still up, as rdma_cm does.
+    pub fn cm_release(&self, conn: u32) {
+        let phase = {
+            let b = self.cm.book.lock().expect("cm book");
+            b.conns.get(&conn).map(|c| (c.space, c.phase))
+        };
+        match phase {
+            Some((space, Phase::Requested(_) | Phase::SidrRequested)) => {
+                // Never accepted: refused, as rdma_cm refuses a child ID destroyed unaccepted.
+                let _ = self.cm_reject(conn, space);
+            }
+            Some((_, Phase::Established)) => {
+                let _ = self.cm_disconnect(conn);
+            }
+            _ => {}
+        }
+        let mut b = self.cm.book.lock().expect("cm book");
+        b.conn_watch.remove(&conn);
+    }
+
+    /// Which application channel hears of connection `conn`: the connection's own watch, or
+    /// for a request still waiting, its listener's.
+    pub fn cm_owner(&self, conn: u32) -> Option<Arc<rustix::fd::OwnedFd>> {
+        let b = self.cm.book.lock().expect("cm book");
+        if let Some(w) = b.conn_watch.get(&conn) {
+            return Some(w.sock.clone());
+        }
+        let c = b.conns.get(&conn)?;
+        let waiting = b
+            .listeners
+            .get(&(c.space, c.port))
+            .is_some_and(|(_, q)| q.contains(&conn));
+        waiting
+            .then(|| {
+                b.listen_watch
+                    .get(&(c.space, c.port))
+                    .map(|w| w.sock.clone())
+            })
+            .flatten()
+    }
+
+    /// Which application channel hears of listener (`space`, `port`).
+    pub fn cm_listener_owner(&self, space: CmSpace, port: u16) -> Option<Arc<rustix::fd::OwnedFd>> {
+        let b = self.cm.book.lock().expect("cm book");
+        b.listen_watch.get(&(space, port)).map(|w| w.sock.clone())
+    }
+
+    /// An attached application went: its listeners stop, its connections are let go
+    /// ([`Rdma::cm_release`]); `socks` are its channels.
+    pub fn cm_detach(&self, socks: &[Arc<rustix::fd::OwnedFd>]) {
+        let mine = |w: &CmWatch| socks.iter().any(|s| Arc::ptr_eq(s, &w.sock));
+        let (listens, conns): (Vec<_>, Vec<_>) = {
+            let b = self.cm.book.lock().expect("cm book");
+            (
+                b.listen_watch
+                    .iter()
+                    .filter(|(_, w)| mine(w))
+                    .map(|(k, _)| *k)
+                    .collect(),
+                b.conn_watch
+                    .iter()
+                    .filter(|(_, w)| mine(w))
+                    .map(|(k, _)| *k)
+                    .collect(),
+            )
+        };
+        for (space, port) in listens {
+            let _ = self.cm_unlisten(port, space);
+        }
+        for c in conns {
+            self.cm_release(c);
+        }
+    }
+
+    /// The device's address that reaches `peer` (`rdma_resolve_addr`).
+    pub fn cm_resolve_addr(&self, peer: IpAddr) -> Result<IpAddr, RdmaError> {
+        Ok(self.resolve(peer.to_canonical())?.1)
     }
 
     fn cm_forget(&self, id: u32, phase: Phase) {

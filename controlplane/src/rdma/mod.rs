@@ -35,7 +35,7 @@ mod objects;
 mod qp;
 mod work;
 
-pub use cm::{CmConnInfo, CmListenerInfo, CmRole, CmSpace, MAX_BACKLOG};
+pub use cm::{CmConnInfo, CmListenerInfo, CmOpts, CmRole, CmSpace, CmWatch, MAX_BACKLOG, MAX_WAIT};
 
 /// How long the control plane waits for an lcore's answer.
 const LCORE_TIMEOUT: Duration = Duration::from_secs(5);
