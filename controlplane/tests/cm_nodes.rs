@@ -334,6 +334,30 @@ fn refused_timed_out_and_past_the_backlog() {
     let (s, _) = n.api[1].delete("/v1/cm/listeners/7472");
     assert_eq!(s, 404);
     n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 7472})));
+
+    // A REQ that comes just before its listener waits for it (an application's listen is a
+    // round trip to roced): B listens 100 ms after A's REQ went, and the connection is made.
+    let qa2 = create_qp(&n.api[0], None);
+    let qb2 = create_qp(&n.api[1], None);
+    std::thread::scope(|sc| {
+        let c = sc.spawn(|| {
+            n.api[0].post(
+                "/v1/cm/connect",
+                json!({"qpn": qa2, "peer": "10.89.0.2", "port": 9998, "timeout_ms": 10000}),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        n.api[1].ok(n.api[1].post("/v1/cm/listeners", json!({"port": 9998, "backlog": 1})));
+        let (s, e) = n.api[1].post(
+            "/v1/cm/accept",
+            json!({"port": 9998, "qpn": qb2, "timeout_ms": 5000}),
+        );
+        assert!((200..300).contains(&s), "{e}");
+        let (s, e) = c.join().unwrap();
+        assert!((200..300).contains(&s), "{e}");
+        assert_eq!(e["state"], "established", "{e}");
+    });
+    n.api[1].ok(n.api[1].delete("/v1/cm/listeners/9998"));
     n.stop();
 }
 

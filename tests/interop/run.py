@@ -10,7 +10,10 @@ tool on both ends: Debian's perftest or rdma-core example on ferroce through
 libferroce_ibverbs.so (LD_PRELOAD, attached to roced's socket), against the same on rxe.
 The `cm` cases run the VM's rdmacm-utils against roced's QP1 (its connection manager
 refusing what no one listens on, and connections both ways between rping and
-`rocectl cm connect` / `rocectl cm accept`). A case passes when both sides exit 0 and
+`rocectl cm connect` / `rocectl cm accept`, and rocectl's rping, udaddy, ucmatose and perf -R
+against the VM's). The `libcm` cases run the same unmodified rdma_cm program on both ends
+(rping, ucmatose, udaddy, rdma_server/rdma_client, perftest -R), ferroce's through the
+library's librdmacm calls. A case passes when both sides exit 0 and
 report the same message size and iteration count with a non-zero bandwidth. Prints one line
 per case, then the tools' own output for every case; exits 1 if any case failed.
 
@@ -234,7 +237,7 @@ CM_CASES = [
          expect=r"RDMA_CM_EVENT_UNREACHABLE", counter="cm_tx_mads"),
     # Connections both ways with the VM's rping (debug output shows its CM events): ferroce's
     # REQ/REP/RTU against rxe's ib_cm, the QPs in RTS on both ends, then a DREQ from ferroce.
-    # rping's own data exchange needs rping on ferroce (the librdmacm shim), not yet here.
+    # (rping's own data exchange, both ends rping: the libcm cases.)
     dict(name="cm rping -s <- rocectl cm connect", kind="to_vm", v6=False, port=7472),
     dict(name="cm ipv6 rping -s <- rocectl cm connect", kind="to_vm", v6=True, port=7473),
     dict(name="cm rping -c -> rocectl cm accept", kind="from_vm", v6=False, port=7474),
@@ -256,6 +259,40 @@ CM_CASES = [
     # ucmatose both ways: one RC connection, 10 SENDs of 100 bytes each way, the server's DREQ.
     dict(name="cm ucmatose", kind="ucmatose", v6=False),
     dict(name="cm ipv6 ucmatose", kind="ucmatose", v6=True),
+]
+
+# The same unmodified rdma_cm programs on both ends: Debian's rdmacm-utils and perftest -R on
+# ferroce through libferroce_ibverbs.so (its librdmacm calls answered by roced's CM), against
+# the same on rxe in the VM, both roles. ({ip}: the server's address; perftest -R is IPv4 only.)
+def libcm(name, server, client, port, v6=False, client_tool=None):
+    tool = server.split()[0]
+    return dict(name=name, kind="libcm", server=server, client=client,
+                client_tool=client_tool or tool, port=port, v6=v6)
+
+
+PERFTEST_R = "-R -F -s 4096 -n 200 -m 1024 -p 7496"
+LIBCM_CASES = [
+    libcm("libcm rping -C 100", "rping -s -a {ip} -p 7494 -v",
+          "rping -c -a {ip} -p 7494 -C 100 -v", 7494),
+    libcm("libcm ipv6 rping -C 100", "rping -s -a {ip} -p 7495 -v",
+          "rping -c -a {ip} -p 7495 -C 100 -v", 7495, v6=True),
+    libcm("libcm ucmatose", "ucmatose -b {ip} -C 10 -S 100", "ucmatose -s {ip} -C 10 -S 100",
+          7471),
+    libcm("libcm ipv6 ucmatose", "ucmatose -b {ip} -C 10 -S 100",
+          "ucmatose -s {ip} -C 10 -S 100", 7471, v6=True),
+    libcm("libcm udaddy", "udaddy -b {ip} -C 10 -S 100", "udaddy -s {ip} -C 10 -S 100", 7174),
+    libcm("libcm ipv6 udaddy", "udaddy -b {ip} -C 10 -S 100", "udaddy -s {ip} -C 10 -S 100",
+          7174, v6=True),
+    libcm("libcm rdma_server/client", "rdma_server -s {ip} -p 7497",
+          "rdma_client -s {ip} -p 7497", 7497, client_tool="rdma_client"),
+    libcm("libcm ipv6 rdma_server/client", "rdma_server -s {ip} -p 7498",
+          "rdma_client -s {ip} -p 7498", 7498, v6=True, client_tool="rdma_client"),
+    libcm("libcm write_bw -R -q 2", "ib_write_bw %s -q 2" % PERFTEST_R,
+          "ib_write_bw %s -q 2 {ip}" % PERFTEST_R, 7496),
+    libcm("libcm read_bw -R", "ib_read_bw %s" % PERFTEST_R, "ib_read_bw %s {ip}" % PERFTEST_R,
+          7496),
+    libcm("libcm send_bw -R", "ib_send_bw %s" % PERFTEST_R, "ib_send_bw %s {ip}" % PERFTEST_R,
+          7496),
 ]
 
 
@@ -403,6 +440,77 @@ def example_rows(vm, c):
                  if ok else "exit %s / rocectl %s: %s" % (exit_of(vout), p.returncode,
                                                           vout.strip()[-300:]),
                  fout, vout))
+    return rows
+
+
+def libcm_verdict(c, cout, sout):
+    """Whether a libcm case's client output `cout` and server output `sout` show the whole
+    test done (both exited 0), and its figures."""
+    if exit_of(cout) != "0" or exit_of(sout) != "0":
+        return False, "exit %s / %s: %s" % (exit_of(cout), exit_of(sout),
+                                             (cout + sout).strip()[-300:])
+    tool = c["server"].split()[0]
+    if tool == "rping":
+        pings = len(re.findall(r"^ping data: rdma-ping-\d+: ", cout, re.M))
+        return pings == 100 and "mismatch" not in cout, "%d pings checked by rping" % pings
+    if tool in ("ucmatose", "udaddy"):
+        done = re.compile(r"^data transfers complete$.*^return status 0$", re.M | re.S)
+        ok = done.search(cout) is not None and done.search(sout) is not None
+        return ok, "10 x 100 B each way, both ends' status 0"
+    if tool == "rdma_server":
+        ok = "rdma_client: end 0" in cout and "rdma_server: end 0" in sout
+        return ok, "one message each way, both ends' end 0"
+    return check(cout, sout, False)
+
+
+def libcm_rows(vm, c):
+    """A libcm case both ways: ferroce's tool (through the library) as client of the VM's,
+    then the VM's as client of ferroce's."""
+    rows = []
+    vip = vm.ip6 if c["v6"] else vm.ip
+    fip = peer.FERROCE_IP6 if c["v6"] else peer.FERROCE_IP
+    tool, ctool = c["server"].split()[0], c["client_tool"]
+    # ferroce's client, the VM's server.
+    log = "/tmp/libcm-s.log"
+    vm_background(vm, "timeout -k 5 90 " + c["server"].format(ip=vip), log)
+    for _ in range(60):
+        rc, _ = vm.run("rdma resource show cm_id | grep LISTEN | grep -q ':%d'" % c["port"], 10)
+        if rc == 0:
+            break
+        time.sleep(0.3)
+    t = time.time()
+    try:
+        r = subprocess.run(lib_tool(c["client"].format(ip=vip), ""), capture_output=True,
+                           text=True, timeout=120)
+        fout = r.stdout + r.stderr + "\nEXIT=%d" % r.returncode
+    except subprocess.TimeoutExpired as e:
+        fout = "%s\n(killed: no exit in 120 s)" % (e.stdout or "")
+    took = time.time() - t
+    vout = vm_log_until(vm, log, "EXIT=", 30)
+    ok, why = libcm_verdict(c, fout, vout)
+    rows.append(("ferroce %s (library) -> rxe %s" % (ctool, tool), ok,
+                 "%s in %.1fs" % (why, took) if ok else why, fout, vout))
+    vm.run("pkill -x %s" % tool, 10)
+    # The VM's client, ferroce's server.
+    p = subprocess.Popen(lib_tool(c["server"].format(ip=fip), ""), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    for _ in range(100):
+        if '"port":%d' % c["port"] in ctl("--json cm listeners", check=False).stdout.replace(
+                " ", ""):
+            break
+        time.sleep(0.1)
+    t = time.time()
+    _, vout = vm.run("timeout -k 5 90 %s; echo EXIT=$?" % c["client"].format(ip=fip), 120)
+    took = time.time() - t
+    try:
+        fout = p.communicate(timeout=40)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fout = p.communicate()[0] + "\n(killed: no exit)"
+    fout += "\nEXIT=%d" % p.returncode
+    ok, why = libcm_verdict(c, vout, fout)
+    rows.append(("rxe %s -> ferroce %s (library)" % (ctool, tool), ok,
+                 "%s in %.1fs" % (why, took) if ok else why, fout, vout))
     return rows
 
 
@@ -832,11 +940,12 @@ def main():
         print("peer %s up (rxe0 ACTIVE) after %.1fs" % (vm.ip, time.time() - t0), flush=True)
         roced = Roced(logdir, LAB_MTU)
         try:
-            for c in CASES + LIB_CASES + CM_CASES:
+            for c in CASES + LIB_CASES + CM_CASES + LIBCM_CASES:
                 if only and only not in c["name"]:
                     continue
-                if c in CM_CASES:
-                    results = (rping_rows(vm, c) if c.get("kind") == "rping"
+                if c in CM_CASES or c in LIBCM_CASES:
+                    results = (libcm_rows(vm, c) if c.get("kind") == "libcm"
+                               else rping_rows(vm, c) if c.get("kind") == "rping"
                                else perftest_v6_rows(vm, c) if c.get("kind") == "perftest_v6"
                                else example_rows(vm, c) if c.get("kind") in ("udaddy",
                                                                              "ucmatose")

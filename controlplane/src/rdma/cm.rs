@@ -765,7 +765,12 @@ impl Rdma {
         }
         let sid = space.service_id(port);
         self.ask(0, move |h, _| match h.gsi.as_mut() {
-            Some(g) => g.cm.listen(sid),
+            Some(g) => {
+                let r = g.cm.listen(sid);
+                // Requests that came just before it are due now.
+                g.rearm();
+                r
+            }
             None => Err(CmError::NoConn),
         })?
         .map_err(cm_error)?;

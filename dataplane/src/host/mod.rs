@@ -356,12 +356,15 @@ impl<Q: PortQueue> Handler<Q> for RdmaHost<Q::Buf> {
     }
 }
 
-/// The connection manager of shard `shard`'s QP1: randomness for its IDs from the OS, the rest
-/// as IBTA and rdma_cm use it.
+/// The connection manager of shard `shard`'s QP1: randomness for its IDs from the OS, a REQ
+/// for a port nobody listens on refused after 250 ms rather than at once (an application's
+/// `rdma_listen` is a round trip to roced, and perftest -R's client connects its test QPs
+/// right behind the barrier its server listens after), the rest as IBTA and rdma_cm use it.
 fn gsi_config(shard: u32) -> transport::cm::Config {
     use std::hash::BuildHasher;
     transport::cm::Config {
         seed: std::collections::hash_map::RandomState::new().hash_one(shard),
+        listen_grace: std::time::Duration::from_millis(250),
         ..transport::cm::Config::default()
     }
 }

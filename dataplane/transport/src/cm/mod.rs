@@ -133,6 +133,13 @@ pub struct Config {
     pub timewait: Duration,
     /// Randomness for communication IDs and transaction IDs (given, as time is).
     pub seed: u64,
+    /// How long a REQ or SIDR_REQ for a service nobody listens on waits for a listener before
+    /// it is refused (zero: at once, as Linux's ib_cm). A consumer whose listen takes longer
+    /// than a system call (an application attached to roced) sets it, so that a peer that
+    /// connects right behind the message saying "I am about to listen" is not refused.
+    pub listen_grace: Duration,
+    /// Requests that may wait for a listener at once; past it they are refused at once.
+    pub max_orphans: usize,
 }
 
 impl Default for Config {
@@ -149,6 +156,8 @@ impl Default for Config {
             mra_service_timeout: 24,
             timewait: Duration::from_secs(1),
             seed: 0x5eed,
+            listen_grace: Duration::ZERO,
+            max_orphans: 64,
         }
     }
 }
@@ -439,6 +448,42 @@ struct Conn {
     service_id: u64,
 }
 
+/// A request for a service nobody listens on yet, waiting [`Config::listen_grace`].
+#[derive(Clone, Copy, Debug)]
+struct Orphan {
+    /// When it came.
+    at: Instant,
+    /// When it is refused (its arrival, once a listener comes: taken at the next timeout).
+    deadline: Instant,
+    from: IpAddr,
+    tid: u64,
+    req: OrphanReq,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum OrphanReq {
+    Req(Req),
+    Sidr(SidrReq),
+}
+
+impl Orphan {
+    fn service_id(&self) -> u64 {
+        match &self.req {
+            OrphanReq::Req(r) => r.service_id,
+            OrphanReq::Sidr(r) => r.service_id,
+        }
+    }
+
+    /// The same request again (a retransmission): the same peer and its ID.
+    fn is(&self, from: IpAddr, remote: u32, sidr: bool) -> bool {
+        self.from == from
+            && match &self.req {
+                OrphanReq::Req(r) => !sidr && r.local_comm_id == remote,
+                OrphanReq::Sidr(r) => sidr && r.request_id == remote,
+            }
+    }
+}
+
 /// One port's communication manager.
 #[derive(Debug)]
 pub struct Cm {
@@ -447,6 +492,8 @@ pub struct Cm {
     /// Each slot's generation: the high 16 bits of its next communication ID.
     gens: Vec<u16>,
     listens: Vec<u64>,
+    /// Requests waiting for a listener, oldest first.
+    orphans: VecDeque<Orphan>,
     tx: VecDeque<Transmit>,
     events: VecDeque<Event>,
     next_tid: u64,
@@ -477,6 +524,7 @@ impl Cm {
             slots: vec![None; n],
             gens,
             listens: Vec::with_capacity(cfg.max_listens),
+            orphans: VecDeque::with_capacity(cfg.max_orphans.min(1024)),
             tx: VecDeque::with_capacity(cfg.queue),
             events: VecDeque::with_capacity(cfg.queue),
             next_tid: cfg.seed.rotate_left(32) & 0x0000_ffff_ffff_0000,
@@ -512,6 +560,12 @@ impl Cm {
             return Err(CmError::TooManyListens);
         }
         self.listens.push(service_id);
+        // Requests that came for it just before are taken at the next timeout.
+        for o in self.orphans.iter_mut() {
+            if o.service_id() == service_id {
+                o.deadline = o.at;
+            }
+        }
         Ok(())
     }
 
@@ -754,11 +808,74 @@ impl Cm {
 
     /// The earliest deadline of any connection.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.slots.iter().flatten().filter_map(|c| c.deadline).min()
+        let orphans = self.orphans.iter().map(|o| o.deadline).min();
+        self.slots
+            .iter()
+            .flatten()
+            .filter_map(|c| c.deadline)
+            .chain(orphans)
+            .min()
+    }
+
+    /// Requests that waited for a listener: taken if one came, refused once their wait is
+    /// over.
+    fn handle_orphans(&mut self, now: Instant) {
+        if self.orphans.iter().all(|o| o.deadline > now) {
+            return;
+        }
+        let (due, keep): (VecDeque<Orphan>, VecDeque<Orphan>) =
+            self.orphans.drain(..).partition(|o| o.deadline <= now);
+        self.orphans = keep;
+        for o in due {
+            let listened = self.listens.contains(&o.service_id());
+            match o.req {
+                OrphanReq::Req(r) if listened => self.on_req(now, o.from, o.tid, &r),
+                OrphanReq::Sidr(r) if listened => self.on_sidr_req(now, o.from, o.tid, &r),
+                OrphanReq::Req(r) => self.send_rej(
+                    o.from,
+                    o.tid,
+                    0,
+                    r.local_comm_id,
+                    MsgKind::Req,
+                    RejReason::InvalidServiceId,
+                    &[],
+                ),
+                OrphanReq::Sidr(r) => {
+                    let rep =
+                        self.sidr_rep(r.request_id, r.service_id, SidrStatus::NoServiceId, 0, 0);
+                    self.emit_to(o.from, rep, o.tid);
+                }
+            }
+        }
+    }
+
+    /// Keeps a request for a service nobody listens on for [`Config::listen_grace`]; false
+    /// when it must be refused now (no grace, or no room).
+    fn orphan(&mut self, now: Instant, from: IpAddr, tid: u64, req: OrphanReq) -> bool {
+        let (remote, sidr) = match &req {
+            OrphanReq::Req(r) => (r.local_comm_id, false),
+            OrphanReq::Sidr(r) => (r.request_id, true),
+        };
+        if self.orphans.iter().any(|o| o.is(from, remote, sidr)) {
+            self.counters.rx_duplicate += 1;
+            return true;
+        }
+        if self.cfg.listen_grace.is_zero() || self.orphans.len() >= self.cfg.max_orphans {
+            return false;
+        }
+        self.orphans.push_back(Orphan {
+            at: now,
+            deadline: now + self.cfg.listen_grace,
+            from,
+            tid,
+            req,
+        });
+        true
     }
 
     /// Fires every deadline at or before `now`: resends, gives up, ends TIMEWAIT.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.handle_orphans(now);
         for slot in 0..self.slots.len() {
             let Some(c) = self.slots[slot] else { continue };
             if c.deadline.is_none_or(|d| d > now) {
@@ -872,6 +989,9 @@ impl Cm {
             return;
         }
         if !self.listens.contains(&r.service_id) {
+            if self.orphan(now, from, tid, OrphanReq::Req(*r)) {
+                return;
+            }
             self.send_rej(
                 from,
                 tid,
@@ -1090,6 +1210,9 @@ impl Cm {
             return;
         }
         if !self.listens.contains(&r.service_id) {
+            if self.orphan(now, from, tid, OrphanReq::Sidr(*r)) {
+                return;
+            }
             let rep = self.sidr_rep(r.request_id, r.service_id, SidrStatus::NoServiceId, 0, 0);
             self.emit_to(from, rep, tid);
             return;

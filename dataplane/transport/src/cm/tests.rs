@@ -816,3 +816,64 @@ fn seeded_operation_sequences_keep_the_invariants() {
         "{total:?}"
     );
 }
+
+#[test]
+fn a_request_waits_the_listen_grace_for_its_listener() {
+    let grace = Duration::from_millis(250);
+    let with_grace = || {
+        let mut p = Pair::new();
+        p.b = Cm::new(Config {
+            listen_grace: grace,
+            ..cfg(2)
+        });
+        p
+    };
+    // The listener comes 100 ms after the REQ: B's consumer is asked then, and nothing was
+    // refused; a retransmitted REQ meanwhile is a duplicate, not a second request.
+    let mut p = with_grace();
+    p.rule(true, "REQ", Fate::Duplicate, 1);
+    let ca = p.connect();
+    assert_eq!((p.sent(false, "REJ"), p.ev_b.len()), (0, 0));
+    assert!(p.b.poll_timeout().is_some());
+    p.run_for(Duration::from_millis(100));
+    p.b.listen(sid()).unwrap();
+    p.b.handle_timeout(p.now);
+    p.drive();
+    let (cb, req) = p.b_request();
+    assert_eq!(req.service_id, sid());
+    assert_eq!(p.ev_b.len(), 1, "{:?}", p.ev_b);
+    p.b.accept(p.now, cb, &accept_params()).unwrap();
+    p.drive();
+    p.a.establish(ca).unwrap();
+    p.drive();
+    assert_eq!(p.b.state(cb), Some(State::Established));
+    assert_eq!(p.sent(false, "REJ"), 0);
+    // Nobody comes: the REQ is refused ("invalid service ID") when the grace is over, not
+    // before.
+    let mut p = with_grace();
+    let t0 = p.now;
+    let ca = p.connect();
+    p.run_for(Duration::from_millis(249));
+    assert_eq!(p.sent(false, "REJ"), 0);
+    p.run_for(Duration::from_millis(10));
+    assert_eq!(p.times(false, "REJ"), [t0 + grace]);
+    assert_eq!(
+        p.ev_a,
+        [Event::Rejected {
+            conn: ca,
+            reason: RejReason::InvalidServiceId
+        }]
+    );
+    // A flood of REQs for nobody holds at most max_orphans; the rest are refused at once.
+    let mut p = with_grace();
+    for _ in 0..70 {
+        p.a.connect(p.now, &connect_params()).unwrap();
+    }
+    p.drive();
+    assert_eq!(p.sent(false, "REJ"), 70 - 64);
+    // Without a grace (the default), refused at once, as Linux's ib_cm.
+    let mut p = Pair::new();
+    assert!(p.b.unlisten(sid()));
+    p.connect();
+    assert_eq!(p.times(false, "REJ"), [p.now]);
+}
