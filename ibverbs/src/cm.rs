@@ -842,21 +842,30 @@ fn create_qp(x: &Id, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Res<()> {
             Ok(())
         }
         Err(e) => {
+            // What was made for this call goes, and the ID names none of it.
             for m in made.into_iter().rev() {
-                match m {
+                let at = match m {
                     Made::Cq(q) => {
                         crate::cq::ibv_destroy_cq(q as *mut ibv_cq);
+                        q
                     }
                     Made::Channel(ch) => {
                         crate::cq::ibv_destroy_comp_channel(ch as *mut ibv_comp_channel);
+                        ch
                     }
-                }
-            }
-            // SAFETY: the program's ID: CQs it was given back to none.
-            unsafe {
-                if (*me).send_cq_channel.is_null() || (*me).send_cq.is_null() {
-                    (*me).send_cq = core::ptr::null_mut();
-                    (*me).send_cq_channel = core::ptr::null_mut();
+                };
+                // SAFETY: the program's ID; fields the library owns.
+                unsafe {
+                    for f in [
+                        core::ptr::addr_of_mut!((*me).send_cq).cast::<usize>(),
+                        core::ptr::addr_of_mut!((*me).recv_cq).cast::<usize>(),
+                        core::ptr::addr_of_mut!((*me).send_cq_channel).cast::<usize>(),
+                        core::ptr::addr_of_mut!((*me).recv_cq_channel).cast::<usize>(),
+                    ] {
+                        if *f == at {
+                            *f = 0;
+                        }
+                    }
                 }
             }
             Err(e)

@@ -42,6 +42,14 @@ impl Side {
             max_listens: 4,
             max_cm_retries: 2,
             seed,
+            // One side holds requests for services it does not listen on (roced's), the
+            // other refuses them at once (ib_cm's).
+            listen_grace: if seed.is_multiple_of(2) {
+                Duration::from_millis(250)
+            } else {
+                Duration::ZERO
+            },
+            max_orphans: 4,
             ..Config::default()
         });
         cm.listen(SID).expect("a fresh CM listens");
@@ -93,6 +101,7 @@ impl Side {
         }
         assert!(self.cm.conns().count() <= SLOTS);
         assert!(self.cm.tx.len() <= QUEUE && self.cm.events.len() <= QUEUE);
+        assert!(self.cm.orphans.len() <= 4);
     }
 
     fn pick(&self, list: &[ConnId], b: u8) -> ConnId {
@@ -292,6 +301,10 @@ pub fn apply(data: &[u8]) -> Outcome {
         }
     }
     for side in &s {
+        assert!(
+            side.cm.orphans.is_empty(),
+            "requests still waiting for a listener with the clock run on"
+        );
         for (c, st, _, _) in side.cm.conns() {
             assert!(
                 !matches!(
