@@ -10,41 +10,11 @@
 
 mod common;
 use common::rdma::*;
+use common::tools::*;
 use common::{Api, tmpdir};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-/// The compatibility library, built beside this test as a dependency.
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        let p = d.join("libferroce_ibverbs.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libferroce_ibverbs.so not found beside {}", exe.display());
-}
-
-fn tool(name: &str, socket: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(name);
-    c.args(args)
-        .env("LD_PRELOAD", library())
-        .env("FERROCE_SOCKET", socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// True once something listens on TCP `port` (read from /proc, so that no probe connection
 /// reaches the server, which would take it for its client).
@@ -68,21 +38,6 @@ fn wait_listening(port: u16, what: &str) {
             t.elapsed() < Duration::from_secs(20),
             "{what}: the server never listened on {port}"
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_output(mut c: Child, limit: Duration, what: &str) -> Output {
-    let t = Instant::now();
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            return c.wait_with_output().unwrap();
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!("{what} did not finish in {limit:?}:\n{}", text(&o));
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

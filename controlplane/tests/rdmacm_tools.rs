@@ -9,63 +9,8 @@
 
 mod common;
 use common::rdma::*;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use common::tools::*;
 use std::time::{Duration, Instant};
-
-/// The compatibility library, built beside this test as a dependency.
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        let p = d.join("libferroce_ibverbs.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libferroce_ibverbs.so not found beside {}", exe.display());
-}
-
-fn tool(name: &str, socket: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(name);
-    c.args(args)
-        .env("LD_PRELOAD", library())
-        .env("FERROCE_SOCKET", socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn wait_output(c: Child, limit: Duration, what: &str) -> Output {
-    wait_output_or(c, limit, what, "")
-}
-
-/// [`wait_output`], with `also` (the other end's output) in the failure.
-fn wait_output_or(mut c: Child, limit: Duration, what: &str, also: &str) -> Output {
-    let t = Instant::now();
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            return c.wait_with_output().unwrap();
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish in {limit:?}:\n{}\n-- the other end:\n{also}",
-                text(&o)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Node B's CM listeners (its REST API), to know when a server listens.
 fn listens(api: &common::Api, port: u16) -> bool {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod rdma;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
