@@ -27,7 +27,7 @@ use verbs::abi::{CQE_BYTES, RECV_HEADER, SEND_HEADER, SGE_BYTES};
 use verbs::attach::{AttachError, recv, send};
 use verbs::bell::{BELL_BYTES, BELL_QPS, Bells};
 use verbs::event::EventKind;
-use verbs::proto::{ModifyMsg, Reply, Request, RingPlace, VERSION};
+use verbs::proto::{CmRequest, ModifyMsg, Reply, Request, RingPlace, VERSION};
 use verbs::ring::{Consumer, HEADER, Producer, RingLayout};
 use verbs::shm::SharedMem;
 
@@ -362,10 +362,9 @@ impl Session {
         if self.pid == 0 && !matches!(req, Request::Hello { .. }) {
             return (refusal("hello_first", "say Hello first"), Vec::new());
         }
-        let r = if is_cm(&req) {
-            self.cm_verb(st, req, fds).map(|r| (r, Vec::new()))
-        } else {
-            self.verb(&st.rdma, req, fds)
+        let r = match req {
+            Request::Cm(c) => self.cm_verb(st, c, fds).map(|r| (r, Vec::new())),
+            req => self.verb(&st.rdma, req, fds),
         };
         match r {
             Ok(r) => r,
@@ -699,15 +698,7 @@ impl Session {
                     rq_psn: q.cfg.rq_psn.value(),
                 })
             }
-            r @ (Request::CmChannel
-            | Request::CmResolveAddr { .. }
-            | Request::CmListen { .. }
-            | Request::CmUnlisten { .. }
-            | Request::CmConnect { .. }
-            | Request::CmAccept { .. }
-            | Request::CmReject { .. }
-            | Request::CmDisconnect { .. }
-            | Request::CmRelease { .. }) => Err(refusal("internal", format!("{r:?} is a CM verb"))),
+            Request::Cm(c) => Err(refusal("internal", format!("{c:?} is a CM verb"))),
             Request::DestroyQp { qpn } => {
                 self.owns_qp(qpn)?;
                 rdma.destroy_qp(qpn).map_err(from_rdma)?;
@@ -745,14 +736,14 @@ impl Session {
     fn cm_verb(
         &mut self,
         st: &Arc<ApiState>,
-        req: Request,
+        req: CmRequest,
         mut fds: Vec<OwnedFd>,
     ) -> Result<Reply, Reply> {
         let rdma = &st.rdma;
         let space = |udp: bool| if udp { CmSpace::Udp } else { CmSpace::Tcp };
         let ip = |s: &str| parse_gid(s).map_err(|e| refusal("bad_address", format!("{s}: {e}")));
         match req {
-            Request::CmChannel => {
+            CmRequest::Channel => {
                 if fds.len() != 1 {
                     return Err(refusal("bad_request", "CmChannel comes with one socket"));
                 }
@@ -767,13 +758,13 @@ impl Session {
                     channel: (self.channels.len() - 1) as u32,
                 })
             }
-            Request::CmResolveAddr { peer } => {
+            CmRequest::ResolveAddr { peer } => {
                 let local = rdma.cm_resolve_addr(ip(&peer)?).map_err(from_rdma)?;
                 Ok(Reply::CmAddr {
                     local: local.to_string(),
                 })
             }
-            Request::CmListen {
+            CmRequest::Listen {
                 channel,
                 id,
                 udp,
@@ -789,7 +780,7 @@ impl Session {
                     .map_err(from_rdma)?;
                 Ok(Reply::Done)
             }
-            Request::CmUnlisten { udp, port } => {
+            CmRequest::Unlisten { udp, port } => {
                 if !self.owns_channel(rdma.cm_listener_owner(space(udp), port)) {
                     return Err(refusal(
                         "not_found",
@@ -799,7 +790,7 @@ impl Session {
                 rdma.cm_unlisten(port, space(udp)).map_err(from_rdma)?;
                 Ok(Reply::Done)
             }
-            Request::CmConnect {
+            CmRequest::Connect {
                 channel,
                 id,
                 qpn,
@@ -844,7 +835,7 @@ impl Session {
                     .map_err(|e| refusal("internal", e.to_string()))?;
                 Ok(Reply::Done)
             }
-            Request::CmAccept {
+            CmRequest::Accept {
                 channel,
                 id,
                 conn,
@@ -901,22 +892,21 @@ impl Session {
                     .map_err(|e| refusal("internal", e.to_string()))?;
                 Ok(Reply::Done)
             }
-            Request::CmReject { conn, udp } => {
+            CmRequest::Reject { conn, udp } => {
                 self.owns_conn(rdma, conn)?;
                 rdma.cm_reject(conn, space(udp)).map_err(from_rdma)?;
                 Ok(Reply::Done)
             }
-            Request::CmDisconnect { conn } => {
+            CmRequest::Disconnect { conn } => {
                 self.owns_conn(rdma, conn)?;
                 rdma.cm_disconnect(conn).map_err(from_rdma)?;
                 Ok(Reply::Done)
             }
-            Request::CmRelease { conn } => {
+            CmRequest::Release { conn } => {
                 self.owns_conn(rdma, conn)?;
                 rdma.cm_release(conn);
                 Ok(Reply::Done)
             }
-            _ => Err(refusal("internal", "not a CM verb")),
         }
     }
 
@@ -952,22 +942,6 @@ impl Session {
             );
         }
     }
-}
-
-/// Whether `r` is one of the RDMA CM's verbs ([`Session::cm_verb`]).
-fn is_cm(r: &Request) -> bool {
-    matches!(
-        r,
-        Request::CmChannel
-            | Request::CmResolveAddr { .. }
-            | Request::CmListen { .. }
-            | Request::CmUnlisten { .. }
-            | Request::CmConnect { .. }
-            | Request::CmAccept { .. }
-            | Request::CmReject { .. }
-            | Request::CmDisconnect { .. }
-            | Request::CmRelease { .. }
-    )
 }
 
 /// A modify's attributes as the engine's: the state, and what was given.

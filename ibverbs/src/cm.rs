@@ -4,7 +4,7 @@
 //!
 //! How the pieces map. An event channel is a `SOCK_SEQPACKET` socket pair made here: the
 //! program's `rdma_event_channel.fd` is one end, readable while events wait, as librdmacm's is;
-//! the other end goes to roced ([`verbs::proto::Request::CmChannel`]) the first time an ID of
+//! the other end goes to roced ([`verbs::proto::CmRequest::Channel`]) the first time an ID of
 //! the channel uses a device, and roced writes the events of that ID's listener or connection
 //! on it (a REQ came, the RTU came, a REJ, a DREQ or DREP). The events of address and route
 //! resolution, which need no peer, are written on it here. A device is opened once per process
@@ -29,7 +29,7 @@ use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Mutex, MutexGuard};
-use verbs::proto::{CmEventKind, CmEventMsg, Reply, Request};
+use verbs::proto::{CmEventKind, CmEventMsg, CmRequest, Reply};
 
 /// rdma_cm's Q_Key for UD QPs of its UDP port space (`RDMA_UDP_QKEY`).
 const UDP_QKEY: u32 = 0x0123_4567;
@@ -231,7 +231,7 @@ impl Channel {
             return Ok(*n);
         }
         let fd = self.feed.as_fd();
-        match x.with(|c| c.request(&Request::CmChannel, &[fd]))? {
+        match x.with(|c| c.cm(CmRequest::Channel, &[fd]))? {
             Reply::CmChannel { channel } => {
                 on.push((key, channel));
                 Ok(channel)
@@ -516,8 +516,8 @@ pub extern "C" fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         if let Ok(c) = x.ctx() {
             if listening && let Some(l) = local {
                 let _ = c.with(|s| {
-                    s.request(
-                        &Request::CmUnlisten {
+                    s.cm(
+                        CmRequest::Unlisten {
                             udp,
                             port: l.port(),
                         },
@@ -526,7 +526,7 @@ pub extern "C" fn rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
                 });
             }
             if let Some(conn) = conn {
-                let _ = c.with(|s| s.request(&Request::CmRelease { conn }, &[]));
+                let _ = c.with(|s| s.cm(CmRequest::Release { conn }, &[]));
             }
         }
         // CQs before the completion channels they use.
@@ -592,8 +592,8 @@ pub extern "C" fn rdma_listen(p: *mut rdma_cm_id, backlog: c_int) -> c_int {
             backlog as u32
         };
         c.with(|s| {
-            s.request(
-                &Request::CmListen {
+            s.cm(
+                CmRequest::Listen {
                     channel: n,
                     id: p as u64,
                     udp,
@@ -633,8 +633,8 @@ pub extern "C" fn rdma_resolve_addr(
         let mut found = None;
         for c in candidates {
             match c.with(|s| {
-                s.request(
-                    &Request::CmResolveAddr {
+                s.cm(
+                    CmRequest::ResolveAddr {
                         peer: peer.ip().to_string(),
                     },
                     &[],
@@ -989,7 +989,7 @@ pub extern "C" fn rdma_connect(p: *mut rdma_cm_id, cp: *mut rdma_conn_param) -> 
         let peer = peer.ok_or_else(|| Fail::inval("resolve the address and route first"))?;
         let qpn = qpn_of(x, cp)?;
         let n = x.channel()?.number_in(c)?;
-        let req = Request::CmConnect {
+        let req = CmRequest::Connect {
             channel: n,
             id: p as u64,
             qpn,
@@ -1002,7 +1002,7 @@ pub extern "C" fn rdma_connect(p: *mut rdma_cm_id, cp: *mut rdma_conn_param) -> 
             retry_count: cp.map_or(7, |c| c.retry_count),
             rnr_retry_count: cp.map_or(7, |c| c.rnr_retry_count),
         };
-        c.with(|s| s.request(&req, &[]))?;
+        c.with(|s| s.cm(req, &[]))?;
         x.complete(CmEventKind::Established)
     })
 }
@@ -1025,7 +1025,7 @@ pub extern "C" fn rdma_accept(p: *mut rdma_cm_id, cp: *mut rdma_conn_param) -> c
         })?;
         let qpn = qpn_of(x, cp)?;
         let n = x.channel()?.number_in(c)?;
-        let req = Request::CmAccept {
+        let req = CmRequest::Accept {
             channel: n,
             id: p as u64,
             conn,
@@ -1036,7 +1036,7 @@ pub extern "C" fn rdma_accept(p: *mut rdma_cm_id, cp: *mut rdma_conn_param) -> c
             responder_resources: cp.map_or(0, |c| c.responder_resources),
             initiator_depth: cp.map_or(0, |c| c.initiator_depth),
         };
-        c.with(|s| s.request(&req, &[]))?;
+        c.with(|s| s.cm(req, &[]))?;
         if udp {
             Ok(())
         } else {
@@ -1056,7 +1056,7 @@ pub extern "C" fn rdma_reject(p: *mut rdma_cm_id, _private_data: *const c_void, 
             (st.udp, st.conn)
         };
         let conn = conn.ok_or_else(|| Fail::inval("the ID has no connection request"))?;
-        c.with(|s| s.request(&Request::CmReject { conn, udp }, &[]))?;
+        c.with(|s| s.cm(CmRequest::Reject { conn, udp }, &[]))?;
         Ok(())
     })
 }
@@ -1072,7 +1072,7 @@ pub extern "C" fn rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
             .conn
             .ok_or_else(|| Fail::inval("the ID is not connected"))?;
         // A connection the peer ended first is no error (as rdma_cm's, which answers its DREQ).
-        c.with(|s| match s.request(&Request::CmDisconnect { conn }, &[]) {
+        c.with(|s| match s.cm(CmRequest::Disconnect { conn }, &[]) {
             Err(verbs::client::ClientError::Refused { code, .. }) if code == "bad_state" => {
                 Ok(Reply::Done)
             }

@@ -362,14 +362,14 @@ impl Context {
         }
     }
 
-    /// Any control verb, with `fds`: roced's reply (a refusal as [`ClientError::Refused`]).
-    /// The RDMA CM's verbs go this way; their replies carry no descriptors.
-    pub fn request(
+    /// One of the RDMA CM's verbs, with `fds`: roced's reply (a refusal as
+    /// [`ClientError::Refused`]); their replies carry no descriptors.
+    pub fn cm(
         &self,
-        req: &Request,
+        req: crate::proto::CmRequest,
         fds: &[rustix::fd::BorrowedFd<'_>],
     ) -> Result<Reply, ClientError> {
-        Ok(self.call(req, fds)?.0)
+        Ok(self.call(&Request::Cm(req), fds)?.0)
     }
 
     fn done(&self, req: &Request) -> Result<(), ClientError> {

@@ -183,19 +183,26 @@ pub enum Request {
         /// The QP.
         qpn: u32,
     },
+    /// One of the RDMA CM's verbs.
+    Cm(CmRequest),
+}
+
+/// The RDMA CM's verbs (`rdma_*`), as [`Request::Cm`] carries them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CmRequest {
     /// `rdma_create_event_channel`'s other end: the `SOCK_SEQPACKET` socket sent with this
     /// message is where roced writes the events ([`CmEventMsg`]) of the listeners and
     /// connections made on this channel. Answered with [`Reply::CmChannel`].
-    CmChannel,
+    Channel,
     /// `rdma_resolve_addr`: which of the device's addresses reaches `peer` (IPv4 or IPv6),
     /// through roced's routes and neighbour table. Answered with [`Reply::CmAddr`].
-    CmResolveAddr {
+    ResolveAddr {
         /// The destination.
         peer: String,
     },
     /// `rdma_listen` on `port` of rdma_cm's TCP port space (RC), or its UDP one (UD, SIDR):
     /// each request that comes is told on `channel` as a `ConnectRequest` naming `id`.
-    CmListen {
+    Listen {
         /// The channel ([`Reply::CmChannel`]).
         channel: u32,
         /// What the events name (the application's handle of the listening ID).
@@ -208,7 +215,7 @@ pub enum Request {
         backlog: u32,
     },
     /// Stops listening (`rdma_destroy_id` of a listening ID).
-    CmUnlisten {
+    Unlisten {
         /// The UDP port space (else TCP).
         udp: bool,
         /// The port.
@@ -218,7 +225,7 @@ pub enum Request {
     /// at `peer` (a REQ; `Established`, `Rejected` or `Unreachable` on `channel` later); in
     /// the UDP space UD QP `qpn` resolves the peer's service (a SIDR_REQ; `Established`
     /// carries its QPN and Q_Key).
-    CmConnect {
+    Connect {
         /// The channel.
         channel: u32,
         /// What the events name.
@@ -249,7 +256,7 @@ pub enum Request {
     },
     /// `rdma_accept` of request `conn` (a `ConnectRequest`) with QP `qpn`: RC, a REP
     /// (`Established` on `channel` when the RTU comes); UDP, a SIDR_REP with UD QP `qpn`.
-    CmAccept {
+    Accept {
         /// The channel.
         channel: u32,
         /// What the events name (the application's handle of the new ID).
@@ -273,7 +280,7 @@ pub enum Request {
         initiator_depth: u8,
     },
     /// `rdma_reject` of request `conn`.
-    CmReject {
+    Reject {
         /// The request.
         conn: u32,
         /// The UDP port space (else TCP).
@@ -281,13 +288,13 @@ pub enum Request {
     },
     /// `rdma_disconnect`: a DREQ (`Disconnected` on the connection's channel when the DREP
     /// comes, or the CM gives up).
-    CmDisconnect {
+    Disconnect {
         /// The connection.
         conn: u32,
     },
     /// `rdma_destroy_id` of a connection's ID: no more events for it; a connection still up
     /// is disconnected.
-    CmRelease {
+    Release {
         /// The connection.
         conn: u32,
     },
@@ -386,7 +393,7 @@ pub enum Reply {
 }
 
 /// What happened to a CM ID, as `rdma_get_cm_event` reports it: one message on an event
-/// channel's socket ([`Request::CmChannel`]), JSON. The events of address and route
+/// channel's socket ([`CmRequest::Channel`]), JSON. The events of address and route
 /// resolution are the library's own, written on the same socket.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CmEventMsg {
