@@ -220,14 +220,7 @@ fn connect_accept_write_and_disconnect_over_ipv4_and_ipv6() {
 
     // Each node's CM counted the three connections, and its book missed no event.
     for api in &n.api {
-        let (s, m) = api.get_bytes("/metrics");
-        assert_eq!(s, 200);
-        let m = String::from_utf8(m).unwrap();
-        let value = |series: &str| {
-            m.lines()
-                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        };
+        let value = |series: &str| api.metric(series);
         assert_eq!(
             value(r#"ferroce_cm_established_total{lcore="0"}"#),
             Some(3.0)

@@ -56,14 +56,7 @@ fn pair(socks: &[String; 2], name: &str, args: &[&str], port: u16) -> (String, S
     let what = format!("{name} {args:?}");
     let c = wait_output(client, Duration::from_secs(120), &what);
     let s = wait_output(server, Duration::from_secs(30), &what);
-    let (ct, st) = (text(&c), text(&s));
-    assert!(
-        c.status.success() && s.status.success(),
-        "{what}: client {:?}, server {:?}\n-- client:\n{ct}\n-- server:\n{st}",
-        c.status,
-        s.status
-    );
-    (ct, st)
+    both_succeeded(&what, &c, &s)
 }
 
 /// perftest's result line for `size`: the numbers after it.

@@ -54,14 +54,7 @@ fn pair2(
     let c = tool(name, &socks[0], client).spawn().unwrap();
     let c = wait_output(c, Duration::from_secs(120), &what);
     let s = wait_output_or(s, Duration::from_secs(30), &what, &text(&c));
-    let (ct, st) = (text(&c), text(&s));
-    assert!(
-        c.status.success() && s.status.success(),
-        "{what}: client {:?}, server {:?}\n-- client:\n{ct}\n-- server:\n{st}",
-        c.status,
-        s.status
-    );
-    (ct, st)
+    both_succeeded(&what, &c, &s)
 }
 
 #[test]
@@ -156,14 +149,7 @@ fn unmodified_rdma_cm_tools_run_on_ferroce_through_the_library() {
     // roced's CM on B established each RC connection once: rping, ucmatose and rdma_client
     // over IPv4 and IPv6 (6), perftest's key exchanges (3) and test QPs (2 + 1 + 1); its book
     // missed no event.
-    let (code, m) = n.api[1].get_bytes("/metrics");
-    assert_eq!(code, 200);
-    let m = String::from_utf8(m).unwrap();
-    let value = |series: &str| {
-        m.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
+    let value = |series: &str| n.api[1].metric(series);
     assert_eq!(
         value(r#"ferroce_cm_established_total{lcore="0"}"#),
         Some(13.0)

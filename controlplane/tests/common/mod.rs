@@ -296,6 +296,19 @@ impl Api {
         Self::finish(self.agent.get(format!("{}{path}", self.base)).call())
     }
 
+    /// The value of one Prometheus series (name and labels exactly) in `/metrics`.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (s, m) = self.get_bytes("/metrics");
+        assert_eq!(s, 200);
+        String::from_utf8(m).unwrap().lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    }
+
     /// GET with this Authorization header, bytes back.
     pub fn get_auth(&self, path: &str, authorization: &str) -> (u16, Vec<u8>) {
         Self::finish(

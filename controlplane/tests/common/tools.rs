@@ -61,3 +61,15 @@ pub fn wait_output_or(mut c: Child, limit: Duration, what: &str, also: &str) -> 
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The outputs of a client and server that must both have exited 0 (a failure shows both).
+pub fn both_succeeded(what: &str, c: &Output, s: &Output) -> (String, String) {
+    let (ct, st) = (text(c), text(s));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{what}: client {:?}, server {:?}\n-- client:\n{ct}\n-- server:\n{st}",
+        c.status,
+        s.status
+    );
+    (ct, st)
+}
