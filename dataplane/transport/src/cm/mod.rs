@@ -823,10 +823,17 @@ impl Cm {
         if self.orphans.iter().all(|o| o.deadline > now) {
             return;
         }
-        let (due, keep): (VecDeque<Orphan>, VecDeque<Orphan>) =
-            self.orphans.drain(..).partition(|o| o.deadline <= now);
-        self.orphans = keep;
-        for o in due {
+        // In place, oldest first, those not due going round to the back (no allocation on
+        // the lcore; taking a due one never makes another orphan: its service is listened
+        // on, or it is refused).
+        for _ in 0..self.orphans.len() {
+            let Some(o) = self.orphans.pop_front() else {
+                break;
+            };
+            if o.deadline > now {
+                self.orphans.push_back(o);
+                continue;
+            }
             let listened = self.listens.contains(&o.service_id());
             match o.req {
                 OrphanReq::Req(r) if listened => self.on_req(now, o.from, o.tid, &r),
