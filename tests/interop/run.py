@@ -985,6 +985,12 @@ def main():
     for name, ferroce_out, rxe_out in details:
         print("\n===== %s\n----- ferroce (rocectl)\n%s\n----- rxe (in the VM)\n%s" % (
             name, ferroce_out.strip(), rxe_out.strip()))
+    if failed:
+        # Again last, so that a log's tail (all CI keeps) names what failed and why.
+        print("\n== %d failed (their output is above, under ===== case, roles):" % failed)
+        for name, roles, ok, why in rows:
+            if not ok:
+                print("%-*s  %-30s  FAIL  %s" % (width, name, roles, why))
     return 1 if failed else 0
 
 
