@@ -88,7 +88,8 @@ impl AtomicOp {
 /// registered memory is shared by its engines and the host, so no one may hold a `&mut [u8]`
 /// to it. Offsets and lengths are checked by [`MemoryRegion`] before these are called.
 pub trait MrMemory: Send {
-    /// Length in bytes.
+    /// Length in bytes, fixed for as long as the memory is registered (the region reads it
+    /// once, at registration).
     fn len(&self) -> usize;
     /// True for an empty region.
     fn is_empty(&self) -> bool {
@@ -181,6 +182,8 @@ pub struct MemoryRegion {
     pub va: u64,
     /// Rights.
     pub access: Access,
+    /// `mem.len()`, kept here: every bounds check reads it, and through `mem` it is a call.
+    len: usize,
     mem: Box<dyn MrMemory>,
 }
 
@@ -199,7 +202,7 @@ impl core::fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.len()
+        self.len
     }
 
     /// True for an empty region.
@@ -448,6 +451,7 @@ impl MrTable {
             rkey: key,
             va,
             access,
+            len: mem.len(),
             mem,
         });
         self.count += 1;
