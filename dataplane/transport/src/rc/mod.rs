@@ -21,8 +21,8 @@ use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
 use super::qp::{Path, QpAttr, QpConfig, QpState, QpType};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
-    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, SgList, Sge, WrError,
-    ext_headers, gather, locate, plan,
+    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, WrError, ext_headers,
+    gather, locate, plan,
 };
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use arrayvec::ArrayVec;

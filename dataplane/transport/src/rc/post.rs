@@ -36,20 +36,23 @@ impl RcQp {
         let (p, len) = self.admit(wr, inline)?;
         let inline_at = self.take_inline_bytes(inline);
         let first_psn = self.advance(&p);
-        let sg = match inline {
-            Some(_) => SgList::new(),
-            None => wr.sg,
-        };
-        // Built in place: handing the request on by value costs 20 to 80 more instructions a
-        // message (stream_cost under callgrind).
+        // Built in place from one copy of the request, then patched: handing the request on by
+        // value costs 20 to 80 more instructions a message, and building it from a copied SG
+        // list (`SendWr { sg, ..*wr }`) about 20 (stream_cost under callgrind).
         self.sq.push_back(SendWqe {
-            wr: SendWr { wr_id, sg, ..*wr },
+            wr: *wr,
             plan: p,
             first_psn,
             len,
             inline_at,
             posted_at: self.now,
         });
+        if let Some(w) = self.sq.back_mut() {
+            w.wr.wr_id = wr_id;
+            if inline.is_some() {
+                w.wr.sg.clear();
+            }
+        }
         self.arm_ack_timer();
         Ok(())
     }
