@@ -142,8 +142,9 @@ impl<T: AsRef<[u8]>> Header<T> {
         let b = self.b();
         Ipv4Addr::new(b[16], b[17], b[18], b[19])
     }
-    #[inline]
-    /// True if the header checksum is right.
+    /// True if the header checksum is right. Inlined always: on every frame received, where
+    /// LLVM left it a call (18 instructions a 64 B WRITE more in stream_cost).
+    #[inline(always)]
     pub fn verify_checksum(&self) -> bool {
         let b = self.b();
         match b.first_chunk::<HEADER_LEN>() {
@@ -171,11 +172,11 @@ pub fn ones_sum(mut sum: u64, data: &[u8]) -> u64 {
     sum
 }
 
-#[inline]
 /// True if the one's complement sum of a 20-byte header is all ones (its checksum is right).
 /// The sum is taken over native-endian 32-bit words, which gives the byte-swapped 16-bit sum
 /// (RFC 1071's byte order independence), and all ones is its own swap: five loads and three
 /// folds instead of ten big-endian words.
+#[inline(always)]
 fn sums_to_ones(h: &[u8; HEADER_LEN]) -> bool {
     let w = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) as u64;
     let s = w(0) + w(4) + w(8) + w(12) + w(16);
