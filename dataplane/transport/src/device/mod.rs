@@ -313,6 +313,10 @@ impl Device {
         let Some(s) = self.slots[i].as_mut() else {
             return;
         };
+        // Most calls (a frame in, a request posted) find nothing to move.
+        if s.scq.is_empty() && s.rcq.is_empty() {
+            return;
+        }
         let sides = [
             (s.bound[0].filter(|_| !s.claim.send), &mut s.scq),
             (s.bound[1].filter(|_| !s.claim.recv), &mut s.rcq),
