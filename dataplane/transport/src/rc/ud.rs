@@ -84,7 +84,7 @@ impl RcQp {
             .inline_at
             .map(|at| &self.req.inline_buf[at..at + w.len as usize]);
         let sg = &w.wr.sg;
-        let built = self.emit_on(d.path, out, &b, &ext, w.len as usize, |dst| match inline {
+        let built = self.emit_on(&d.path, out, &b, &ext, w.len as usize, |dst| match inline {
             Some(x) => {
                 dst.copy_from_slice(x);
                 Ok(())
