@@ -200,6 +200,9 @@ impl RcQp {
         self.resp.responses.push_front(Response::Cnp);
     }
 
+    // Inlined always: respond queues (or coalesces) one on every in-order request, and as a
+    // call it cost 14 instructions a 64 B WRITE more (stream_cost).
+    #[inline(always)]
     pub(super) fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
         self.resp.unacked = 0;
         let msn = self.resp.msn;
