@@ -440,6 +440,7 @@ pub fn plan(opv: SendOp, len: u64, mtu: Mtu, first_psn: Psn) -> Result<Plan, WrE
 
 impl Plan {
     /// Packet `i` (0-based) of the message.
+    #[inline]
     pub fn packet(&self, i: u32) -> PacketPlan {
         debug_assert!(i < self.count);
         let first = i == 0;
@@ -605,6 +606,7 @@ pub fn inline_bytes(
 
 /// Copies `len` bytes at `offset` of the message described by `sg` into `out`, checking each
 /// region's key and bounds (a failure is a local protection error).
+#[inline]
 pub fn gather(
     mrs: &MrTable,
     pd: PdHandle,

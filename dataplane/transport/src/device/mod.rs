@@ -309,6 +309,7 @@ impl Device {
 
     /// Moves slot `i`'s unclaimed completions to the created CQs its sides are bound to (a
     /// full CQ goes to error and the completion is lost, as on hardware).
+    #[inline]
     pub(crate) fn settle(&mut self, i: usize) {
         let Some(s) = self.slots[i].as_mut() else {
             return;
@@ -333,6 +334,7 @@ impl Device {
     }
 
     /// Something happened to slot `i`: its completions move on, and its claimant hears.
+    #[inline]
     fn touched(&mut self, i: usize) {
         self.settle(i);
         if let Some(s) = self.slots[i].as_mut()
