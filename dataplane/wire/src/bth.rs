@@ -205,7 +205,7 @@ impl Repr {
     #[inline(always)]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, h: &mut Header<&mut T>) {
         // Three big-endian words, stored at once: the same bytes as the setters one field at a
-        // time (the round-trip test holds them to it), with one bounds check instead of seven.
+        // time (emit_matches_the_setters holds them to it), with one bounds check instead of seven.
         let w0 = (self.opcode as u32) << 24
             | (self.se as u32) << 23
             | (self.mig_req as u32) << 22
