@@ -181,32 +181,10 @@ proptest! {
 
     #[test]
     fn whole_packets_of_every_opcode_roundtrip(
-        which in 0usize..38, mut b in arb_bth(), all in arb_ext(), ip in arb_ip(),
+        which in 0usize..38, b in arb_bth(), all in arb_ext(), ip in arb_ip(),
         vid in proptest::option::of(1u16..4095), payload in proptest::collection::vec(any::<u8>(), 0..300)
     ) {
-        let opcode = OPCODES.iter().enumerate().filter(|(_, o)| o.is_valid()).nth(which).unwrap().0 as u8;
-        let info = opcode::lookup(opcode);
-        b.opcode = opcode;
-        let has = |m| info.has(m);
-        let ext = ExtRepr {
-            deth: all.deth.filter(|_| has(mask::DETH)),
-            reth: all.reth.filter(|_| has(mask::RETH)),
-            atomic_eth: all.atomic_eth.filter(|_| has(mask::ATMETH)),
-            aeth: all.aeth.filter(|_| has(mask::AETH)),
-            atomic_ack: all.atomic_ack.filter(|_| has(mask::ATMACK)),
-            immdt: all.immdt.filter(|_| has(mask::IMMDT)),
-            ieth: all.ieth.filter(|_| has(mask::IETH)),
-        };
-        let payload = if has(mask::PAYLOAD) { payload } else { vec![] };
-        let repr = RoceRepr {
-            eth: eth::Repr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: vid.map(|vid| eth::VlanTag { pcp: 3, dei: false, vid }), ethertype: 0 },
-            ip,
-            udp: udp::Repr { src_port: 0xc000, dst_port: udp::ROCEV2_PORT, checksum: 0 },
-            bth: b,
-            ext,
-        };
-        let mut buf = HeapBuf::from_slice(&payload);
-        build(&mut buf, &repr, false).unwrap();
+        let (buf, repr, payload) = whole_packet(which, b, all, ip, vid, payload);
         let p = parse(buf.data(), Checks::ALL).unwrap();
         prop_assert_eq!(p.payload(buf.data()), &payload[..]);
         let back = RoceRepr::parse(buf.data(), &p).unwrap();
@@ -216,4 +194,98 @@ proptest! {
         want.udp.checksum = back.udp.checksum; // computed for IPv6
         prop_assert_eq!(back, want);
     }
+
+    #[test]
+    fn fast_v4_parse_answers_as_the_general_parse_on_valid_frames(
+        which in 0usize..38, b in arb_bth(), all in arb_ext(), ip in arb_ip(),
+        vid in proptest::option::of(1u16..4095), payload in proptest::collection::vec(any::<u8>(), 0..300)
+    ) {
+        let v4_untagged = matches!(ip, IpRepr::V4(_)) && vid.is_none();
+        let (buf, _, _) = whole_packet(which, b, all, ip, vid, payload);
+        for checks in [Checks::ALL, Checks::NONE] {
+            let fast = packet::parse_v4(buf.data(), checks);
+            // It takes every untagged IPv4 frame and nothing else.
+            prop_assert_eq!(fast.is_some(), v4_untagged);
+            if let Some(f) = fast {
+                prop_assert_eq!(Ok(f), packet::parse_general(buf.data(), checks));
+            }
+        }
+    }
+
+    #[test]
+    fn fast_v4_parse_answers_as_the_general_parse_on_damaged_frames(
+        which in 0usize..38, b in arb_bth(), all in arb_ext(), ip in arb_ip(),
+        payload in proptest::collection::vec(any::<u8>(), 0..300),
+        at in any::<prop::sample::Index>(), xor in 1u8.., cut in 0usize..8, which_checks in 0usize..3
+    ) {
+        let (buf, _, _) = whole_packet(which, b, all, ip, None, payload);
+        let mut f = buf.data().to_vec();
+        // One byte changed, anywhere (the headers most often: their checks are what differ),
+        // and maybe the frame cut short.
+        let i = if at.index(4) == 0 { at.index(f.len()) } else { at.index(58.min(f.len())) };
+        f[i] ^= xor;
+        f.truncate(f.len().saturating_sub(cut));
+        // Without the checksums, the structural checks alone must catch what they catch.
+        let checks = [Checks::ALL, Checks::NONE, Checks { icrc: false, ipv4_checksum: true }][which_checks];
+        let general = packet::parse_general(&f, checks);
+        if let Some(fast) = packet::parse_v4(&f, checks) {
+            prop_assert_eq!(Ok(fast), general);
+        }
+        prop_assert_eq!(parse(&f, checks), general);
+    }
+}
+
+/// A packet of the `which`th valid opcode with the headers that opcode has (from `all`), built
+/// into a buffer: the buffer, the headers as built, and the payload it carries.
+fn whole_packet(
+    which: usize,
+    mut b: bth::Repr,
+    all: ExtRepr,
+    ip: IpRepr,
+    vid: Option<u16>,
+    payload: Vec<u8>,
+) -> (HeapBuf, RoceRepr, Vec<u8>) {
+    let opcode = OPCODES
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.is_valid())
+        .nth(which)
+        .unwrap()
+        .0 as u8;
+    let info = opcode::lookup(opcode);
+    b.opcode = opcode;
+    let has = |m| info.has(m);
+    let ext = ExtRepr {
+        deth: all.deth.filter(|_| has(mask::DETH)),
+        reth: all.reth.filter(|_| has(mask::RETH)),
+        atomic_eth: all.atomic_eth.filter(|_| has(mask::ATMETH)),
+        aeth: all.aeth.filter(|_| has(mask::AETH)),
+        atomic_ack: all.atomic_ack.filter(|_| has(mask::ATMACK)),
+        immdt: all.immdt.filter(|_| has(mask::IMMDT)),
+        ieth: all.ieth.filter(|_| has(mask::IETH)),
+    };
+    let payload = if has(mask::PAYLOAD) { payload } else { vec![] };
+    let repr = RoceRepr {
+        eth: eth::Repr {
+            dst: [2, 0, 0, 0, 0, 2],
+            src: [2, 0, 0, 0, 0, 1],
+            vlan: vid.map(|vid| eth::VlanTag {
+                pcp: 3,
+                dei: false,
+                vid,
+            }),
+            ethertype: 0,
+        },
+        ip,
+        udp: udp::Repr {
+            src_port: 0xc000,
+            dst_port: udp::ROCEV2_PORT,
+            checksum: 0,
+        },
+        bth: b,
+        ext,
+    };
+    let mut buf = HeapBuf::from_slice(&payload);
+    build(&mut buf, &repr, false).unwrap();
+    (buf, repr, payload)
 }
