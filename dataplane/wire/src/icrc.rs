@@ -100,7 +100,7 @@ pub fn compute_v4(l3: &[u8]) -> u32 {
 }
 
 /// The masked CRC from the LRH's state over `l3`, on the fastest kernel for its length.
-#[inline]
+#[inline(always)]
 fn masked(l3: &[u8], m: &crate::crc::Masks) -> u32 {
     let k = crate::crc::kernel();
     if l3.len() <= LONG || k == crate::crc::Kernel::Vpclmul512 {

@@ -832,7 +832,8 @@ pub fn build_templated<B: PacketBuf>(
     let payload_end = head + payload_len;
     d[payload_end..payload_end + pad].fill(0);
     let icrc_at = payload_end + pad;
-    let c = icrc::compute(&d[l3..icrc_at], false)?;
+    // A template's IP header is IPv4 without options (Template::new), and the BTH follows it.
+    let c = icrc::compute_v4(&d[l3..icrc_at]);
     d[icrc_at..icrc_at + icrc::LEN].copy_from_slice(&c.to_le_bytes());
     if offload {
         buf.request_tx_offload(TxOffload {
