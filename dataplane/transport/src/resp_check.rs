@@ -84,6 +84,7 @@ pub enum Verdict {
 }
 
 /// Runs the checks on `req`.
+#[inline]
 pub fn check(s: &ResponderState, req: &Request, mrs: &MrTable) -> Verdict {
     let op: &OpInfo = lookup(req.opcode);
     // CHK_PSN
