@@ -357,4 +357,34 @@ mod tests {
         let known = OPCODES.iter().filter(|o| o.is_valid()).count();
         assert_eq!(known, 23 + 12 + 2 + 1);
     }
+
+    #[test]
+    fn ext_combinations() {
+        // The extension headers come in these combinations only: the build's emit_ext and the
+        // parse's decode go by them (a first header, then at most the one that may follow it).
+        use mask::*;
+        let allowed = [
+            0,
+            RETH,
+            RETH | IMMDT,
+            DETH,
+            DETH | IMMDT,
+            AETH,
+            AETH | ATMACK,
+            ATMETH,
+            IMMDT,
+            IETH,
+            CNP,
+        ];
+        let ext = DETH | RETH | ATMETH | AETH | ATMACK | IMMDT | IETH | CNP;
+        for (code, o) in OPCODES.iter().enumerate() {
+            if o.is_valid() {
+                assert!(
+                    allowed.contains(&(o.mask & ext)),
+                    "opcode {code:#x}: {}",
+                    o.name
+                );
+            }
+        }
+    }
 }

@@ -707,38 +707,61 @@ impl RoceRepr {
 }
 
 /// Writes the extension headers `op` has (those `ext` holds) after the BTH at `bth_off`.
-#[inline]
+#[inline(always)]
 fn emit_ext(op: &OpInfo, ext: &ExtRepr, frame: &mut [u8], bth_off: usize) {
+    // By the combinations the opcode table has (the `ext_combinations` test holds the table to
+    // them): a first header, and at most one after it. Tested header by header, every opcode
+    // paid eight mask-and-option tests (stream_cost).
     let o = op.offset;
     let at = |off: u8| bth_off + off as usize;
-    if let (true, Some(r)) = (op.has(mask::DETH), ext.deth) {
-        r.emit(&mut deth::Header::new_unchecked(&mut frame[at(o.deth)..]));
+    #[inline(always)]
+    fn imm(op: &OpInfo, ext: &ExtRepr, frame: &mut [u8], at: usize) {
+        if let (true, Some(v)) = (op.has(mask::IMMDT), ext.immdt) {
+            immdt::Repr { imm: v }.emit(&mut immdt::Header::new_unchecked(&mut frame[at..]));
+        }
     }
-    if let (true, Some(r)) = (op.has(mask::RETH), ext.reth) {
-        r.emit(&mut reth::Header::new_unchecked(&mut frame[at(o.reth)..]));
+    if op.has(mask::RETH) {
+        if let Some(r) = ext.reth {
+            r.emit(&mut reth::Header::new_unchecked(&mut frame[at(o.reth)..]));
+        }
+        return imm(op, ext, frame, at(o.immdt));
     }
-    if let (true, Some(r)) = (op.has(mask::ATMETH), ext.atomic_eth) {
-        r.emit(&mut atomic_eth::Header::new_unchecked(
-            &mut frame[at(o.atmeth)..],
-        ));
+    if op.has(mask::DETH) {
+        if let Some(r) = ext.deth {
+            r.emit(&mut deth::Header::new_unchecked(&mut frame[at(o.deth)..]));
+        }
+        return imm(op, ext, frame, at(o.immdt));
     }
-    if let (true, Some(r)) = (op.has(mask::AETH), ext.aeth) {
-        r.emit(&mut aeth::Header::new_unchecked(&mut frame[at(o.aeth)..]));
+    if op.has(mask::AETH) {
+        if let Some(r) = ext.aeth {
+            r.emit(&mut aeth::Header::new_unchecked(&mut frame[at(o.aeth)..]));
+        }
+        if let (true, Some(r)) = (op.has(mask::ATMACK), ext.atomic_ack) {
+            r.emit(&mut atomic_ack_eth::Header::new_unchecked(
+                &mut frame[at(o.atmack)..],
+            ));
+        }
+        return;
     }
-    if let (true, Some(r)) = (op.has(mask::ATMACK), ext.atomic_ack) {
-        r.emit(&mut atomic_ack_eth::Header::new_unchecked(
-            &mut frame[at(o.atmack)..],
-        ));
+    if op.has(mask::ATMETH) {
+        if let Some(r) = ext.atomic_eth {
+            r.emit(&mut atomic_eth::Header::new_unchecked(
+                &mut frame[at(o.atmeth)..],
+            ));
+        }
+        return;
     }
-    if let (true, Some(v)) = (op.has(mask::IMMDT), ext.immdt) {
-        immdt::Repr { imm: v }.emit(&mut immdt::Header::new_unchecked(&mut frame[at(o.immdt)..]));
-    }
-    if let (true, Some(v)) = (op.has(mask::IETH), ext.ieth) {
-        ieth::Repr { rkey: v }.emit(&mut ieth::Header::new_unchecked(&mut frame[at(o.ieth)..]));
+    if op.has(mask::IETH) {
+        if let Some(v) = ext.ieth {
+            ieth::Repr { rkey: v }.emit(&mut ieth::Header::new_unchecked(&mut frame[at(o.ieth)..]));
+        }
+        return;
     }
     if op.has(mask::CNP) {
         frame[bth_off + bth::HEADER_LEN..bth_off + op.length as usize].fill(0);
+        return;
     }
+    imm(op, ext, frame, at(o.immdt))
 }
 
 /// The Ethernet, IPv4 and UDP headers of one path's frames as bytes, with what changes from
