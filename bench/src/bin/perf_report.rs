@@ -527,9 +527,10 @@ fn scale_only(a: &Args, counts: &[usize], idle: usize) -> Result<(), String> {
     let nodes = start_nodes(a, &dir)?;
     let (s, c) = (nodes.a.api.clone(), nodes.b.api.clone());
     let mut next_port = ports();
-    let scale = qp_scaling(&s, &c, counts, a.quick, &mut next_port, &mut p);
+    // The idle step first, on nodes no QPs have grown yet (as the report does).
     p.say(&format!("{idle} idle RC QPs on one lcore"));
     let idle = (idle > 0).then(|| idle_qps(&nodes.a, idle));
+    let scale = qp_scaling(&s, &c, counts, a.quick, &mut next_port, &mut p);
     nodes.stop();
     let one = scale
         .iter()
@@ -755,10 +756,12 @@ fn run(a: &Args) -> Result<(), String> {
         p.say("atomic lat (fetch-add)");
         let n = if a.quick { "2000" } else { "20000" };
         let (alat, _) = perf(&s, &c, &["atomic", "lat", "-n", n], next_port())?;
-        let scale = qp_scaling(&s, &c, &QP_COUNTS, a.quick, &mut next_port, &mut p);
-        // What an idle QP costs: a million on node a's lcore.
+        // What an idle QP costs: a million on node a's lcore, before the scaling rows, whose
+        // up to a million QPs a node would leave its memory grown by (measured after them, a
+        // million QPs read as 24 B each: the lcore reused what the rows had left).
         p.say("1,000,000 idle RC QPs on one lcore: memory per QP");
         let idle = idle_qps(&nodes.a, 1_000_000);
+        let scale = qp_scaling(&s, &c, &QP_COUNTS, a.quick, &mut next_port, &mut p);
         // Unmodified perftest through the compatibility library, on the same nodes.
         let mut apps = Vec::new();
         for (tool, size) in [

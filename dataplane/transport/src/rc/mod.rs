@@ -319,6 +319,9 @@ pub struct RcQp {
     pub cfg: QpConfig,
     caps: QpCaps,
     sq: VecDeque<SendWqe>,
+    /// READs and atomics in `sq` (every ACK looks for the first of them only when there is
+    /// one: searching the whole queue for none cost each ACK a walk of it).
+    sq_rd_atomic: usize,
     now: Instant,
     // Congestion control.
     cc: Cc,
@@ -356,6 +359,7 @@ impl RcQp {
             },
             caps,
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            sq_rd_atomic: 0,
             now: Instant::ZERO,
             cc: Cc::new(CcKind::None, 0.0),
             cc_params: DcqcnParams::nvidia(),
@@ -644,6 +648,7 @@ impl RcQp {
 
     /// Flushes every outstanding work request with WR_FLUSH_ERR (the QP is in ERR).
     pub fn flush(&mut self, cq: &mut CompletionQueue) {
+        self.sq_rd_atomic = 0;
         while let Some(w) = self.sq.pop_front() {
             let _ = cq.push(wc(
                 w.wr.wr_id,

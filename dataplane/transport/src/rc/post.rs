@@ -39,6 +39,7 @@ impl RcQp {
         // Built in place from one copy of the request, then patched: handing the request on by
         // value costs 20 to 80 more instructions a message, and building it from a copied SG
         // list (`SendWr { sg, ..*wr }`) about 20 (stream_cost under callgrind).
+        self.sq_rd_atomic += wr.op.is_read_or_atomic() as usize;
         self.sq.push_back(SendWqe {
             wr: *wr,
             plan: p,
