@@ -257,7 +257,7 @@ impl RcQp {
                         self.fail_front(0, WcStatus::LocLenErr, cq, rcq);
                         return;
                     }
-                    if scatter(mrs, self.pd, &w.wr.sg, at, payload).is_err() {
+                    if scatter(mrs, self.pd, self.wqe_sg(w), at, payload).is_err() {
                         self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                         return;
                     }
@@ -280,7 +280,7 @@ impl RcQp {
                 return;
             }
             if let Some(a) = info.ext.atomic_ack() {
-                if scatter(mrs, self.pd, &w.wr.sg, 0, &a.orig.to_le_bytes()).is_err() {
+                if scatter(mrs, self.pd, self.wqe_sg(w), 0, &a.orig.to_le_bytes()).is_err() {
                     self.fail_front(0, WcStatus::LocProtErr, cq, rcq);
                     return;
                 }

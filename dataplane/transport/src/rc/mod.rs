@@ -21,8 +21,8 @@ use super::mr::{AtomicOp, MrError, MrTable, PdHandle};
 use super::qp::{Path, QpAttr, QpConfig, QpState, QpType};
 use super::resp_check::{InMessage, Request, ResponderState, Verdict, check};
 use super::wr::{
-    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, WrError, ext_headers,
-    gather, locate, plan,
+    ACK_EVERY, MAX_INLINE_DATA, MAX_SGE, Plan, RecvWr, SendOp, SendWr, Sge, UdDest, WrError,
+    ext_headers, gather, locate, plan,
 };
 use crate::cc::{Cc, CcKind, DcqcnParams};
 use arrayvec::ArrayVec;
@@ -64,9 +64,31 @@ pub enum PostError {
     Wr(#[from] WrError),
 }
 
+/// A posted send request as the send queue holds it: the request's own fields, with its SG
+/// list and UD destination kept at its slot in the requester's side tables
+/// ([`RcQp::wqe_sg`]) rather than in the entry, so that an entry is 2 cache lines instead of
+/// 5 (a [`SendWr`] carries 8 SG entries and a UD destination, 248 bytes, where most requests
+/// use one entry and RC none): posting copies, and a QP's queue holds, what it uses.
+#[derive(Clone, Copy, Debug)]
+struct QueuedWr {
+    wr_id: u64,
+    op: SendOp,
+    signaled: bool,
+    solicited: bool,
+    fence: bool,
+    /// Entries of its SG list (at its slot of the requester's SG table).
+    sg_len: u8,
+}
+
 #[derive(Debug)]
 struct SendWqe {
-    wr: SendWr,
+    wr: QueuedWr,
+    /// Its slot in the requester's side tables (SG list, UD destination, inline bytes): the
+    /// post count modulo max_send_wr, free again by the time it comes round (the send queue
+    /// retires in order and holds at most max_send_wr).
+    slot: u32,
+    /// Where its SG list starts in the requester's SG table (`slot * max_send_sge`).
+    sge_at: u32,
     plan: Plan,
     first_psn: Psn,
     /// Message length.
@@ -157,8 +179,16 @@ impl QpCaps {
     /// [`crate::device::qp_footprint`]).
     pub fn queue_bytes(&self) -> usize {
         let (s, r) = (self.max_send_wr as usize, self.max_recv_wr as usize);
-        // A send WQE, its inline bytes and its completion latency (the completer's log).
+        // A send WQE, its SG entries, its inline bytes and its completion latency (the
+        // completer's log); a UD QP's also its destination.
+        let ud = if self.qp_type == QpType::Ud {
+            std::mem::size_of::<UdDest>()
+        } else {
+            0
+        };
         s * (std::mem::size_of::<SendWqe>()
+            + self.max_send_sge as usize * std::mem::size_of::<Sge>()
+            + ud
             + self.max_inline_data as usize
             + std::mem::size_of::<(WcOpcode, u64)>())
             + r * std::mem::size_of::<RecvWr>()

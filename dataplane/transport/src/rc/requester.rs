@@ -11,6 +11,10 @@ pub(super) struct Requester {
     /// Inline data of posted work requests: one slot of max_inline_data bytes per send queue
     /// entry, used in posting order (the send queue completes in order, so slots never clash).
     pub(super) inline_buf: Vec<u8>,
+    /// SG lists of posted work requests: max_send_sge entries per send queue slot.
+    pub(super) sge: Vec<Sge>,
+    /// UD destinations of posted work requests, one per slot (UD QPs only; empty on RC).
+    pub(super) ud: Vec<UdDest>,
     /// Send work requests ever posted (picks the inline slot).
     pub(super) posted: u64,
     /// The send queue entry the next request packet belongs to.
@@ -31,6 +35,19 @@ impl Requester {
     pub(super) fn new(caps: QpCaps) -> Self {
         Requester {
             inline_buf: vec![0; caps.max_send_wr as usize * caps.max_inline_data as usize],
+            sge: vec![
+                Sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0
+                };
+                caps.max_send_wr as usize * caps.max_send_sge as usize
+            ],
+            ud: Vec::with_capacity(if caps.qp_type == QpType::Ud {
+                caps.max_send_wr as usize
+            } else {
+                0
+            }),
             posted: 0,
             send_idx: 0,
             send_pkt: 0,
@@ -100,7 +117,7 @@ impl RcQp {
             pk.psn = self.comp.una;
         }
         let b = self.bth(pk.opcode, pk.psn, pk.ack_req, w.wr.solicited && pk.last);
-        let sg = &w.wr.sg; // borrowed, not copied: emit() only reads self
+        let sg = self.wqe_sg(w); // borrowed, not copied: emit() only reads self
         let inline = w
             .inline_at
             .map(|at| &self.req.inline_buf[at..at + w.len as usize]);

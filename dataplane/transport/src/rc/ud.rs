@@ -51,7 +51,7 @@ impl RcQp {
         let Some(w) = self.sq.front() else {
             return false;
         };
-        let Some(d) = w.wr.ud else {
+        let Some(d) = self.req.ud.get(w.slot as usize).copied() else {
             return false; // post() refuses these
         };
         let imm = match w.wr.op {
@@ -83,7 +83,7 @@ impl RcQp {
         let inline = w
             .inline_at
             .map(|at| &self.req.inline_buf[at..at + w.len as usize]);
-        let sg = &w.wr.sg;
+        let sg = self.wqe_sg(w);
         let built = self.emit_on(&d.path, out, &b, &ext, w.len as usize, |dst| match inline {
             Some(x) => {
                 dst.copy_from_slice(x);
