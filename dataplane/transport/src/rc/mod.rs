@@ -543,6 +543,10 @@ impl RcQp {
             for off in (0..size_of::<SendWqe>()).step_by(64) {
                 prefetch(p.wrapping_add(off));
             }
+            // And its SG list, at its slot of the side table.
+            if let Some(s) = self.req.sge.get(w.sge_at as usize) {
+                prefetch(s);
+            }
         }
     }
 
