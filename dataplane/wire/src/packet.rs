@@ -324,45 +324,22 @@ pub(crate) fn parse_v4(frame: &[u8], checks: Checks) -> Option<PacketInfo> {
     }
     let with_pad = transport_len - hdrs - icrc::LEN;
     let pad = b.pad_count();
-    let pad_ok = if op.has(mask::PAYLOAD) {
-        with_pad.is_multiple_of(4) && pad as usize <= with_pad
-    } else {
-        with_pad == 0 && pad == 0
-    };
-    if !pad_ok {
-        return None;
-    }
+    check_pad(op, with_pad, pad).ok()?;
     let l3 = &frame[L3..L3 + total];
     let carried = icrc::carried(l3)?;
     if checks.icrc && icrc::compute_v4(&l3[..total - icrc::LEN]) != carried {
         return None;
     }
     let f = eth::Frame::new_unchecked(&h[..L3]);
-    Some(PacketInfo {
-        op,
-        opcode: b.opcode(),
-        dst_mac: f.dst(),
-        src_mac: f.src(),
-        vlan: None,
-        src_ip: IpAddr::V4(ip.src()),
-        dst_ip: IpAddr::V4(ip.dst()),
-        dscp: ip.dscp(),
-        ecn: ip.ecn(),
-        udp_src: u.src_port(),
-        dest_qp: b.dest_qp(),
-        psn: b.psn(),
-        ack_req: b.ack_req(),
-        se: b.se(),
-        becn: b.becn(),
-        pkey: b.pkey(),
-        pad,
-        l3_off: L3 as u16,
-        bth_off: BTH as u16,
-        payload_off: (BTH + hdrs) as u16,
-        payload_len: (with_pad - pad as usize) as u16,
-        icrc: carried,
-        ext: Ext::decode(op, &frame[HEAD..BTH + hdrs]),
-    })
+    let addrs = (
+        IpAddr::V4(ip.src()),
+        IpAddr::V4(ip.dst()),
+        ip.dscp(),
+        ip.ecn(),
+    );
+    Some(info(
+        frame, &f, None, addrs, &u, &b, op, L3, BTH, with_pad, carried,
+    ))
 }
 
 /// [`parse`] of any frame, header by header.
@@ -454,6 +431,33 @@ pub fn parse_general(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
     }
     let with_pad = transport_len - hdrs - icrc::LEN;
     let pad = b.pad_count();
+    check_pad(op, with_pad, pad)?;
+    let end = l4_off + l4_len;
+    if checks.icrc {
+        icrc::verify(&l3[..end], ipv6)?;
+    }
+    let icrc_val = icrc::carried(&l3[..end]).ok_or(Error::Truncated)?;
+    let bth_off = l3_off + bth_rel;
+    let addrs = (src_ip, dst_ip, dscp, ecn);
+    Ok(info(
+        frame,
+        &f,
+        f.vlan(),
+        addrs,
+        &u,
+        &b,
+        op,
+        l3_off,
+        bth_off,
+        with_pad,
+        icrc_val,
+    ))
+}
+
+/// Whether the pad count fits the bytes between the headers and the ICRC (`with_pad`): a
+/// payload's pad keeps it a multiple of 4, and a packet without payload has neither.
+#[inline(always)]
+fn check_pad(op: &OpInfo, with_pad: usize, pad: u8) -> Result<()> {
     if op.has(mask::PAYLOAD) {
         if !with_pad.is_multiple_of(4) || (pad as usize) > with_pad {
             return Err(Error::PadMismatch);
@@ -465,18 +469,35 @@ pub fn parse_general(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
             Error::PadMismatch
         });
     }
-    let end = l4_off + l4_len;
-    if checks.icrc {
-        icrc::verify(&l3[..end], ipv6)?;
-    }
-    let icrc_val = icrc::carried(&l3[..end]).ok_or(Error::Truncated)?;
-    let bth_off = l3_off + bth_rel;
-    Ok(PacketInfo {
+    Ok(())
+}
+
+/// The [`PacketInfo`] of a frame both parses have checked: the MACs, the addresses
+/// (source, destination, DSCP, ECN), the UDP and BTH fields, the offsets and the extension
+/// headers (decoded here).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn info(
+    frame: &[u8],
+    f: &eth::Frame<&[u8]>,
+    vlan: Option<eth::VlanTag>,
+    (src_ip, dst_ip, dscp, ecn): (IpAddr, IpAddr, u8, Ecn),
+    u: &udp::Header<&[u8]>,
+    b: &bth::Header<&[u8]>,
+    op: &'static OpInfo,
+    l3_off: usize,
+    bth_off: usize,
+    with_pad: usize,
+    icrc: u32,
+) -> PacketInfo {
+    let hdrs = op.length as usize;
+    let pad = b.pad_count();
+    PacketInfo {
         op,
         opcode: b.opcode(),
         dst_mac: f.dst(),
         src_mac: f.src(),
-        vlan: f.vlan(),
+        vlan,
         src_ip,
         dst_ip,
         dscp,
@@ -493,9 +514,9 @@ pub fn parse_general(frame: &[u8], checks: Checks) -> Result<PacketInfo> {
         bth_off: bth_off as u16,
         payload_off: (bth_off + hdrs) as u16,
         payload_len: (with_pad - pad as usize) as u16,
-        icrc: icrc_val,
+        icrc,
         ext: Ext::decode(op, &frame[bth_off + bth::HEADER_LEN..bth_off + hdrs]),
-    })
+    }
 }
 
 /// The IP header of a RoCE packet.
