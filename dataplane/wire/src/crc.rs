@@ -62,8 +62,9 @@ pub enum Kernel {
     Scalar,
     /// 128-bit PCLMULQDQ folding.
     Pclmul,
-    /// 512-bit VPCLMULQDQ folding (AVX-512), for inputs of 256 bytes or more; shorter ones
-    /// take the 128-bit path.
+    /// 512-bit VPCLMULQDQ folding (AVX-512 F, VL and BW): inputs of 256 bytes or more fold
+    /// four 512-bit lanes a round; from 65 bytes, every 16-byte block folds straight to the
+    /// end at once; 64 bytes or fewer take the 128-bit path.
     Vpclmul512,
 }
 
@@ -99,6 +100,7 @@ fn detect() -> Kernel {
             if std::is_x86_feature_detected!("vpclmulqdq")
                 && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512bw")
             {
                 return Kernel::Vpclmul512;
             }
@@ -133,13 +135,25 @@ pub(crate) fn crc32_masked_on(k: Kernel, crc: u32, data: &[u8], masks: &Masks) -
 fn run(k: Kernel, crc: u32, data: &[u8], masks: &Masks) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if k == Kernel::Vpclmul512 && data.len() >= 256 {
-            // SAFETY: the CPU has every feature the kernel is compiled for (kernel()).
-            return unsafe { x86::crc32_masked_512(crc, data, masks) };
+        if k == Kernel::Vpclmul512 && data.len() > 64 {
+            // SAFETY: the CPU has every feature the kernels are compiled for (kernel()).
+            return unsafe {
+                if data.len() >= 256 {
+                    x86::crc32_masked_512(crc, data, masks)
+                } else {
+                    x86::crc32_masked_short512(crc, data, masks)
+                }
+            };
         }
         if k != Kernel::Scalar && data.len() >= 16 {
-            // SAFETY: as above, for the 128-bit kernel's features.
-            return unsafe { x86::crc32_masked(crc, data, masks) };
+            // SAFETY: as above, for the 128-bit kernels' features.
+            return unsafe {
+                if (65..256).contains(&data.len()) {
+                    x86::crc32_masked_short(crc, data, masks)
+                } else {
+                    x86::crc32_masked(crc, data, masks)
+                }
+            };
         }
     }
     let _ = k;
@@ -159,6 +173,26 @@ const fn fold_constant(n: u32) -> i64 {
         if r & (1 << 32) != 0 {
             r ^= 0x1_04C1_1DB7;
         }
+        i += 1;
+    }
+    ((r as u32).reverse_bits() as i64) << 1
+}
+
+/// [`fold_constant`] for any integer exponent: x is invertible mod P (P's constant term is 1,
+/// so x * (P - 1)/x = 1), and a fold by fewer than 32 bits needs x to a negative power.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const fn fold_constant_signed(n: i32) -> i64 {
+    if n >= 0 {
+        return fold_constant(n as u32);
+    }
+    let mut r: u64 = 1;
+    let mut i = 0;
+    while i < -n {
+        // r / x mod P: make r divisible by x (add P if it is odd), then shift.
+        if r & 1 != 0 {
+            r ^= 0x1_04C1_1DB7;
+        }
+        r >>= 1;
         i += 1;
     }
     ((r as u32).reverse_bits() as i64) << 1
@@ -389,7 +423,23 @@ mod x86 {
                 x = a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), part);
                 x = fold(overflow, x, k3k4);
             }
-            // 128 -> 64 bits, then Barrett reduction to 32.
+            reduce(x)
+        }
+    }
+
+    /// The CRC of the 128-bit accumulator `x` that ends the input: 128 -> 64 bits, then the
+    /// Barrett reduction to 32, inverted.
+    #[inline]
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    unsafe fn reduce(x: a::__m128i) -> u32 {
+        // SAFETY: register arithmetic with this function's features.
+        unsafe {
+            let k3k4 = kb(1);
             let x = a::_mm_xor_si128(
                 a::_mm_clmulepi64_si128(x, k3k4, 0x10),
                 a::_mm_srli_si128(x, 8),
@@ -403,6 +453,145 @@ mod x86 {
             let t1 = a::_mm_clmulepi64_si128(a::_mm_and_si128(x, low32), pu, 0x10);
             let t2 = a::_mm_clmulepi64_si128(a::_mm_and_si128(t1, low32), pu, 0x00);
             !(a::_mm_extract_epi32(a::_mm_xor_si128(x, t2), 1) as u32)
+        }
+    }
+
+    /// Constant pairs that fold a 16-byte block straight to the end of a short input (the
+    /// short 512-bit kernel): entry 16(t - 1) + i moves a block whose end lies
+    /// d = t + 16(15 - i) bytes before the input's end, t in 1..=16 and i in 0..16, as
+    /// k(8d + 32) low and k(8d - 32) high (negative powers for d < 4). A block's pair sits
+    /// next to its successor's, so one 64-byte load gives four lanes theirs; four spare
+    /// entries keep the last row's loads inside the table (their lanes hold zeros).
+    #[repr(align(64))]
+    struct ToEnd([[i64; 2]; 16 * 16 + 4]);
+    static TO_END: ToEnd = ToEnd({
+        let mut e = [[0i64; 2]; 16 * 16 + 4];
+        let mut t = 1;
+        while t <= 16 {
+            let mut i = 0;
+            while i < 16 {
+                let bits = 8 * (t + 16 * (15 - i)) as i32;
+                e[16 * (t - 1) + i] = [
+                    super::fold_constant_signed(bits + 32),
+                    super::fold_constant_signed(bits - 32),
+                ];
+                i += 1;
+            }
+            t += 1;
+        }
+        e
+    });
+
+    /// The same CRC as `crc32_masked`, for 65 to 255 bytes, as the short 512-bit kernel
+    /// computes it but one 16-byte block at a time: each whole block but the last (the first
+    /// four ORed with the masks) is multiplied straight to the input's end by its own
+    /// distance's pair in TO_END, and the products, independent of each other, are XORed
+    /// with the last 1 to 16 bytes before the one reduction.
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    pub(super) unsafe fn crc32_masked_short(crc: u32, d: &[u8], masks: &Masks) -> u32 {
+        // SAFETY: every load of `d` is of 16 bytes inside it (blocks below `16 * f < n`, and
+        // the last 16 with n > 64); the constants' loads are of aligned entries of TO_END
+        // below its last row's end; the rest is register arithmetic.
+        unsafe {
+            let n = d.len();
+            debug_assert!((65..256).contains(&n));
+            let f = (n - 1) / 16; // blocks multiplied to the end: 4..=15
+            let t = n - 16 * f; // bytes after them: 1..=16
+            let row = TO_END.0.as_ptr().add(16 * (t - 1) + 16 - f);
+            let ks = |b: usize| a::_mm_load_si128(row.add(b) as *const a::__m128i);
+            let init = a::_mm_cvtsi32_si128(!crc as i32);
+            let head = |b: usize| a::_mm_or_si128(load(d, 16 * b), mask(masks[b]));
+            let mut x = xor4(
+                shift(a::_mm_xor_si128(head(0), init), ks(0)),
+                shift(head(1), ks(1)),
+                shift(head(2), ks(2)),
+                shift(head(3), ks(3)),
+            );
+            for b in 4..f {
+                x = a::_mm_xor_si128(x, shift(load(d, 16 * b), ks(b)));
+            }
+            let keep = a::_mm_loadu_si128(SLIDE.as_ptr().add(t) as *const a::__m128i);
+            reduce(a::_mm_xor_si128(x, a::_mm_and_si128(load(d, n - 16), keep)))
+        }
+    }
+
+    /// The same CRC as `crc32_masked`, for 65 to 255 bytes: every whole 16-byte block but
+    /// the last (with the masks and the initial state in the first four) is multiplied
+    /// straight to the input's end by its own distance's constants, four blocks to a 512-bit
+    /// VPCLMULQDQ, and the products are XORed together with the last 1 to 16 bytes (a masked
+    /// load): no chain of folds, no shuffles for a partial block, one reduction. A 64 B
+    /// WRITE's 120 bytes are two loads, four multiplies and the reduction.
+    #[target_feature(
+        enable = "avx512f",
+        enable = "avx512bw",
+        enable = "avx512vl",
+        enable = "vpclmulqdq",
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    pub(super) unsafe fn crc32_masked_short512(crc: u32, d: &[u8], masks: &Masks) -> u32 {
+        // SAFETY: the unmasked loads are of d's first 64 bytes and last 16 (n > 64); the
+        // masked loads start inside `d` and read no byte at or past `folded <= n`; the
+        // constants' loads stay inside TO_END (see there); the rest is register arithmetic
+        // with the features this function is compiled for.
+        unsafe {
+            let n = d.len();
+            debug_assert!((65..256).contains(&n));
+            let f = (n - 1) / 16; // blocks multiplied to the end: 4..=15
+            let t = n - 16 * f; // bytes after them: 1..=16
+            let folded = 16 * f;
+            // The four little-endian u128s are the 64 bytes' masks in order: one load.
+            let m = a::_mm512_loadu_si512(masks.as_ptr() as *const _);
+            let init = a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32));
+            // Block b's pair is entry row + b.
+            let row = TO_END.0.as_ptr().add(16 * (t - 1) + 16 - f);
+            let ks = |b: usize| a::_mm512_loadu_si512(row.add(b) as *const _);
+            // (block 0 | masks) ^ init
+            let z = a::_mm512_ternarylogic_epi64(block512(d, 0), m, init, 0x56);
+            let k = ks(0);
+            let mut acc = a::_mm512_xor_si512(
+                a::_mm512_clmulepi64_epi128(z, k, 0x00),
+                a::_mm512_clmulepi64_epi128(z, k, 0x11),
+            );
+            let mut at = 64;
+            while at < folded {
+                let left = folded - at;
+                let keep = if left >= 64 {
+                    !0u64
+                } else {
+                    (1u64 << left) - 1
+                };
+                let z = a::_mm512_maskz_loadu_epi8(keep, d.as_ptr().add(at) as *const i8);
+                let k = ks(at / 16);
+                acc = a::_mm512_ternarylogic_epi64(
+                    acc,
+                    a::_mm512_clmulepi64_epi128(z, k, 0x00),
+                    a::_mm512_clmulepi64_epi128(z, k, 0x11),
+                    0x96,
+                );
+                at += 64;
+            }
+            // Every lane now ends where the input does: XOR them and the last t bytes.
+            let y = a::_mm256_xor_si256(
+                a::_mm512_castsi512_si256(acc),
+                a::_mm512_extracti64x4_epi64(acc, 1),
+            );
+            let x = a::_mm_xor_si128(
+                a::_mm256_castsi256_si128(y),
+                a::_mm256_extracti128_si256(y, 1),
+            );
+            let last = a::_mm_maskz_loadu_epi8(
+                (0xffffu32 << (16 - t)) as u16,
+                d.as_ptr().add(n - 16) as *const i8,
+            );
+            reduce(a::_mm_xor_si128(x, last))
         }
     }
 
@@ -442,16 +631,8 @@ mod x86 {
         unsafe {
             let n = d.len();
             debug_assert!(n >= 256);
-            let m = a::_mm512_set_epi64(
-                (masks[3] >> 64) as i64,
-                masks[3] as i64,
-                (masks[2] >> 64) as i64,
-                masks[2] as i64,
-                (masks[1] >> 64) as i64,
-                masks[1] as i64,
-                (masks[0] >> 64) as i64,
-                masks[0] as i64,
-            );
+            // The four little-endian u128s are the 64 bytes' masks in order: one load.
+            let m = a::_mm512_loadu_si512(masks.as_ptr() as *const _);
             let init = a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32));
             // (block 0 | masks) ^ init
             let mut z0 = a::_mm512_ternarylogic_epi64(block512(d, 0), m, init, 0x56);
@@ -499,11 +680,12 @@ mod tests {
 
     #[test]
     fn the_512_bit_kernel_covers_every_length_and_the_cpu_has_it_where_expected() {
-        // Every length from 256 to 1200 (each number of 256-byte rounds, single 64-byte blocks
-        // and 16-byte and partial tails), masked and not.
+        // Every length below 1200: the short kernel's (65 to 255: each count of blocks and
+        // each tail length), then each number of 256-byte rounds, single 64-byte blocks and
+        // 16-byte and partial tails; masked and not.
         let data: Vec<u8> = (0..1200u32).map(|i| (i * 31 + 7) as u8).collect();
         let masks = [u128::MAX, 0xff << 40, 0, 1 << 127];
-        for n in 256..data.len() {
+        for n in 0..data.len() {
             for m in [[0; 4], masks] {
                 assert_eq!(
                     crc32_masked_with(Kernel::Vpclmul512, 0x1234_5678, &data[..n], &m),
