@@ -105,54 +105,19 @@ fn main() {
 
 /// The folding ceiling (see the header): ns per byte, median and minimum over `rounds`.
 fn fold_ceiling(rounds: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx512f") {
-        let iters = 200_000u32;
-        let mut v: Vec<f64> = (0..rounds)
-            .map(|_| {
-                let t = Instant::now();
-                // SAFETY: the CPU has the features the function is compiled for (checked above).
-                black_box(unsafe { folds512(black_box(iters)) });
-                t.elapsed().as_nanos() as f64 / (iters as f64 * 8.0 * 64.0)
-            })
-            .collect();
-        v.sort_by(|x, y| x.total_cmp(y));
-        let (m, min) = (v[v.len() / 2], v[0]);
-        println!();
-        println!(
-            "512-bit carry-less folding on this CPU, 8 independent lanes: {m:.4} ns per byte (min {min:.4}); 4136 bytes at least {:.1} ns (min {:.1})",
-            4136.0 * m,
-            4136.0 * min
-        );
+    let mut v: Vec<f64> = (0..rounds)
+        .filter_map(|_| bench::fold_ns_per_byte())
+        .collect();
+    println!();
+    if v.is_empty() {
+        println!("512-bit carry-less folding: this CPU has no VPCLMULQDQ/AVX-512");
         return;
     }
-    println!();
-    println!("512-bit carry-less folding: this CPU has no VPCLMULQDQ/AVX-512");
-}
-
-/// `iters` rounds of eight independent 512-bit folds, each 64 bytes' worth: the throughput
-/// bound of the CRC kernels' inner loop without its loads (sixteen lanes measured the same
-/// here: the multiplier's throughput, not its latency, is what binds).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f", enable = "vpclmulqdq")]
-unsafe fn folds512(iters: u32) -> u64 {
-    use core::arch::x86_64 as a;
-    let k = a::_mm512_set1_epi64(0x1_5444_2bd4);
-    let d = a::_mm512_set1_epi64(black_box(0x0123_4567_89ab_cdef));
-    let mut z = [a::_mm512_set1_epi64(1); 8];
-    for (i, x) in z.iter_mut().enumerate() {
-        *x = a::_mm512_add_epi64(*x, a::_mm512_set1_epi64(i as i64));
-    }
-    for _ in 0..iters {
-        for x in z.iter_mut() {
-            let lo = a::_mm512_clmulepi64_epi128(*x, k, 0x00);
-            let hi = a::_mm512_clmulepi64_epi128(*x, k, 0x11);
-            *x = a::_mm512_ternarylogic_epi64(d, lo, hi, 0x96);
-        }
-    }
-    let mut acc = z[0];
-    for x in &z[1..] {
-        acc = a::_mm512_xor_si512(acc, *x);
-    }
-    a::_mm_cvtsi128_si64(a::_mm512_castsi512_si128(acc)) as u64
+    v.sort_by(|x, y| x.total_cmp(y));
+    let (m, min) = (v[v.len() / 2], v[0]);
+    println!(
+        "512-bit carry-less folding on this CPU, 8 independent lanes: {m:.4} ns per byte (min {min:.4}); 4136 bytes at least {:.1} ns (min {:.1})",
+        4136.0 * m,
+        4136.0 * min
+    );
 }
