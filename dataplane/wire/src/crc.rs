@@ -306,8 +306,9 @@ mod x86 {
     /// `crc`. Inputs of 64 bytes or more fold four lanes a block each; whatever whole blocks
     /// are left after the last round of four, and the four lanes themselves, are then each
     /// folded straight to the last whole block with that distance's constants, independently,
-    /// so that the latency of a short input (a small WRITE's 120 bytes) is one fold and an XOR
-    /// tree instead of a chain of six folds. The partial block and the reduction follow.
+    /// so that the chain is one fold and an XOR tree. The partial block and the reduction
+    /// follow. (`run` gives 65 to 255 bytes, a small WRITE's 120 among them, to
+    /// `crc32_masked_short`, which needs no partial-block step.)
     #[target_feature(
         enable = "pclmulqdq",
         enable = "sse2",
