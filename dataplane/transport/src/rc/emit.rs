@@ -90,9 +90,22 @@ impl RcQp {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), MrError>,
     ) -> Option<Result<(), MrError>> {
-        // The path's template where it has one (CNPs go in a class of their own).
+        // The path's template where it has one (CNPs go in a class of their own). A frame to
+        // `cfg.path` itself (every RC frame) takes it without comparing the paths: the
+        // template is rebuilt whenever `cfg.path` changes (`refresh_template`).
+        let ours = self
+            .cfg
+            .path
+            .as_ref()
+            .is_some_and(|c| std::ptr::eq(c, path));
         let headers = match &self.tmpl {
-            Some((p, t)) if p == path && bth.opcode != op::CNP => Headers::Template(t),
+            Some((p, t)) if bth.opcode != op::CNP && (ours || p == path) => {
+                debug_assert!(
+                    p == path,
+                    "the template is stale: cfg.path changed without refresh_template"
+                );
+                Headers::Template(t)
+            }
             _ => Headers::Repr(self.repr_on(*path, bth, ext)?),
         };
         if !out.reset() {

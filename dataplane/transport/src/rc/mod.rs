@@ -470,14 +470,7 @@ impl RcQp {
             p.local_ip = p.local_ip.to_canonical();
             p.remote_ip = p.remote_ip.to_canonical();
         }
-        self.tmpl = self.cfg.path.and_then(|p| {
-            let r = self.repr_on(
-                p,
-                &self.bth(op::RC_SEND_ONLY, Psn::new(0), false, false),
-                &ExtRepr::default(),
-            )?;
-            Some((p, Template::new(&r)?))
-        });
+        self.refresh_template();
         if a.sq_psn.is_some() {
             self.req.next_psn = self.cfg.sq_psn;
             self.comp.una = self.cfg.sq_psn;
@@ -486,6 +479,20 @@ impl RcQp {
         self.comp.retries_left = self.cfg.retry_cnt;
         self.comp.rnr_left = self.cfg.rnr_retry;
         Ok(())
+    }
+
+    /// Builds the header template from `cfg.path` again: whatever changes `cfg.path` calls it,
+    /// since a frame to `cfg.path` takes the template without comparing the paths
+    /// ([`RcQp::emit_on`]).
+    pub(crate) fn refresh_template(&mut self) {
+        self.tmpl = self.cfg.path.and_then(|p| {
+            let r = self.repr_on(
+                p,
+                &self.bth(op::RC_SEND_ONLY, Psn::new(0), false, false),
+                &ExtRepr::default(),
+            )?;
+            Some((p, Template::new(&r)?))
+        });
     }
 
     /// Takes a QP in RESET through INIT and RTR to RTS with the attributes of `a`

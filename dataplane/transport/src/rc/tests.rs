@@ -1567,6 +1567,7 @@ fn ce_marks_bring_cnps_that_cut_and_pace_the_sender() {
         if let Some(path) = b.qps[0].cfg.path.as_mut() {
             path.vlan = Some((100, 3));
         }
+        b.qps[0].refresh_template();
         // 16 WRITEs of 64 KiB: 1024 packets, every one marked CE on the way to B.
         for id in 0..16 {
             a.post(write_wr(&a, &b, id, 64 << 10)).unwrap();
