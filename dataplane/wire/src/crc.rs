@@ -548,14 +548,10 @@ mod x86 {
             let f = (n - 1) / 16; // blocks multiplied to the end: 4..=15
             let t = n - 16 * f; // bytes after them: 1..=16
             let folded = 16 * f;
-            // The four little-endian u128s are the 64 bytes' masks in order: one load.
-            let m = a::_mm512_loadu_si512(masks.as_ptr() as *const _);
-            let init = a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32));
             // Block b's pair is entry row + b.
             let row = TO_END.0.as_ptr().add(16 * (t - 1) + 16 - f);
             let ks = |b: usize| a::_mm512_loadu_si512(row.add(b) as *const _);
-            // (block 0 | masks) ^ init
-            let z = a::_mm512_ternarylogic_epi64(block512(d, 0), m, init, 0x56);
+            let z = first512(crc, d, masks);
             let k = ks(0);
             let mut acc = a::_mm512_xor_si512(
                 a::_mm512_clmulepi64_epi128(z, k, 0x00),
@@ -614,6 +610,20 @@ mod x86 {
         unsafe { a::_mm512_loadu_si512(bytes.as_ptr() as *const _) }
     }
 
+    /// The first 64-byte block of `d` with the masks ORed in and the state `crc` XORed into
+    /// its first 4 bytes: where both 512-bit kernels start.
+    #[inline(always)]
+    unsafe fn first512(crc: u32, d: &[u8], masks: &Masks) -> a::__m512i {
+        // SAFETY: the masks are 64 readable bytes (four little-endian u128s, the masks in byte
+        // order: one load); block512 checks its slice; register arithmetic with the caller's
+        // features (avx512f).
+        unsafe {
+            let m = a::_mm512_loadu_si512(masks.as_ptr() as *const _);
+            let init = a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32));
+            a::_mm512_ternarylogic_epi64(block512(d, 0), m, init, 0x56) // (block | m) ^ init
+        }
+    }
+
     /// The same CRC as `crc32_masked`, folding four 512-bit lanes (256 bytes) at a time with
     /// VPCLMULQDQ; `d` is at least 256 bytes. The masks apply to the first 64-byte block.
     #[target_feature(
@@ -632,11 +642,7 @@ mod x86 {
         unsafe {
             let n = d.len();
             debug_assert!(n >= 256);
-            // The four little-endian u128s are the 64 bytes' masks in order: one load.
-            let m = a::_mm512_loadu_si512(masks.as_ptr() as *const _);
-            let init = a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32));
-            // (block 0 | masks) ^ init
-            let mut z0 = a::_mm512_ternarylogic_epi64(block512(d, 0), m, init, 0x56);
+            let mut z0 = first512(crc, d, masks);
             let mut z1 = block512(d, 1);
             let mut z2 = block512(d, 2);
             let mut z3 = block512(d, 3);
